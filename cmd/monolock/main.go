@@ -1,0 +1,147 @@
+// Command monolock serves named locks over TCP.
+//
+//	monolock [flags]
+//
+// Every flag has an environment variable; a flag beats its variable, which
+// beats the default. SIGTERM or SIGINT shuts down gracefully (ERROR 0x01 to
+// every session, exit 0); a second signal exits at once.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"monolock"
+)
+
+func main() {
+	os.Exit(serve(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// serve runs the server until a signal and returns the exit status.
+func serve(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("monolock", flag.ContinueOnError)
+	listen := fs.String("listen", "127.0.0.1:7070", "protocol `address` to listen on")
+	ioTimeout := fs.Duration("io-timeout", monolock.DefaultIOTimeout,
+		"bound on the first frame, the rest of a frame, and every write")
+	level := levelFlag(slog.LevelInfo)
+	fs.Var(&level, "log-level", "diagnostics `level`: debug, info (the default), warn or error")
+	format := choiceFlag{value: "text", choices: []string{"text", "json"}}
+	fs.Var(&format, "log-format", "diagnostics `format` on stderr: text or json")
+	envs := map[string]string{
+		"listen":     "MONOLOCK_LISTEN_ADDRESS",
+		"io-timeout": "MONOLOCK_IO_TIMEOUT",
+		"log-level":  "MONOLOCK_LOG_LEVEL",
+		"log-format": "MONOLOCK_LOG_FORMAT",
+	}
+	if code, ok := parse(fs, args, envs, stdout, stderr); !ok {
+		return code
+	}
+	if *ioTimeout <= 0 {
+		fmt.Fprintf(stderr, "monolock: -io-timeout must be positive, got %v\n", *ioTimeout)
+		return 2
+	}
+
+	opts := &slog.HandlerOptions{Level: slog.Level(level)}
+	var handler slog.Handler = slog.NewTextHandler(stderr, opts)
+	if format.value == "json" {
+		handler = slog.NewJSONHandler(stderr, opts)
+	}
+	logger := slog.New(handler)
+
+	l, err := net.Listen("tcp", *listen)
+	if err != nil {
+		logger.Error("cannot listen", "err", err)
+		return 1
+	}
+	srv := &monolock.Server{IOTimeout: *ioTimeout, Logger: logger}
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(l) }()
+	logger.Info("serving", "listen", l.Addr().String(), "io_timeout", *ioTimeout)
+
+	select {
+	case err := <-served:
+		logger.Error("listener failed", "err", err)
+		return 1
+	case sig := <-sigs:
+		logger.Info("shutting down", "signal", sig.String())
+		go func() {
+			sig := <-sigs
+			logger.Warn("second signal; exiting at once", "signal", sig.String())
+			os.Exit(1)
+		}()
+		srv.Shutdown(context.Background())
+		logger.Info("shut down")
+		return 0
+	}
+}
+
+// parse applies the environment, then the command line, to fs. It returns
+// ok, or the exit status: 0 after -h, 2 after a one-line error.
+func parse(fs *flag.FlagSet, args []string, envs map[string]string, stdout, stderr io.Writer) (int, bool) {
+	fs.SetOutput(io.Discard) // errors are reported in one line below
+	fs.Usage = func() {}
+	for name, env := range envs {
+		f := fs.Lookup(name)
+		f.Usage += fmt.Sprintf(" (env %s)", env)
+		if v, ok := os.LookupEnv(env); ok {
+			if err := fs.Set(name, v); err != nil {
+				fmt.Fprintf(stderr, "%s: invalid value %q for %s: %v\n", fs.Name(), v, env, err)
+				return 2, false
+			}
+		}
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			fmt.Fprintf(stdout, "Usage: %s [flags]\n\nFlags (a flag beats its environment variable, which beats the default):\n", fs.Name())
+			fs.SetOutput(stdout)
+			fs.PrintDefaults()
+			return 0, false
+		}
+		fmt.Fprintf(stderr, "%s: %v (see %s -h)\n", fs.Name(), err, fs.Name())
+		return 2, false
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "%s: unexpected argument %q (see %s -h)\n", fs.Name(), fs.Arg(0), fs.Name())
+		return 2, false
+	}
+	return 0, true
+}
+
+type levelFlag slog.Level
+
+func (l *levelFlag) String() string { return strings.ToLower(slog.Level(*l).String()) }
+func (l *levelFlag) Set(s string) error {
+	switch s {
+	case "debug", "info", "warn", "error":
+		return (*slog.Level)(l).UnmarshalText([]byte(s))
+	}
+	return fmt.Errorf("want debug, info, warn or error")
+}
+
+type choiceFlag struct {
+	value   string
+	choices []string
+}
+
+func (c *choiceFlag) String() string { return c.value }
+func (c *choiceFlag) Set(s string) error {
+	for _, choice := range c.choices {
+		if s == choice {
+			c.value = s
+			return nil
+		}
+	}
+	return fmt.Errorf("want %s", strings.Join(c.choices, " or "))
+}

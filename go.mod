@@ -1,0 +1,3 @@
+module monolock
+
+go 1.26

@@ -1,0 +1,177 @@
+package monolock
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"strings"
+	"testing"
+	"time"
+)
+
+// wait is how long a test waits for something that should happen at once.
+// It is generous because this machine is noisy; it only bounds a failure.
+const wait = 10 * time.Second
+
+// startServer serves srv on an ephemeral loopback port until the test ends.
+// The server's send buffers are small, so that a client that does not read
+// blocks the server's writes to it soon.
+func startServer(t testing.TB, srv *Server) string {
+	t.Helper()
+	inner, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := smallSendBuffers{inner}
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(l) }()
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), wait)
+		defer cancel()
+		if err := srv.Shutdown(ctx); err != nil {
+			t.Errorf("shutdown: %v", err)
+		}
+		if err := <-served; !errors.Is(err, ErrServerClosed) {
+			t.Errorf("Serve returned %v, want ErrServerClosed", err)
+		}
+	})
+	return l.Addr().String()
+}
+
+// raw is a protocol client that sends and checks bytes one by one.
+type raw struct {
+	t testing.TB
+	net.Conn
+}
+
+func dialRaw(t testing.TB, addr string) *raw {
+	t.Helper()
+	c, err := net.DialTimeout("tcp", addr, wait)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return &raw{t, c}
+}
+
+func (c *raw) send(frames ...Frame) {
+	c.t.Helper()
+	var b []byte
+	for _, f := range frames {
+		var err error
+		if b, err = f.AppendBinary(b); err != nil {
+			c.t.Fatal(err)
+		}
+	}
+	c.sendBytes(b)
+}
+
+func (c *raw) sendBytes(b []byte) {
+	c.t.Helper()
+	c.SetWriteDeadline(time.Now().Add(wait))
+	if _, err := c.Write(b); err != nil {
+		c.t.Fatalf("write: %v", err)
+	}
+}
+
+func acquire(name string, lease time.Duration) Frame {
+	return Frame{Type: TypeAcquire, Name: name, LeaseMS: uint32(lease / time.Millisecond)}
+}
+
+var heartbeat = Frame{Type: TypeHeartbeat}
+
+// read reads one frame within d.
+func (c *raw) read(d time.Duration) (Frame, error) {
+	c.SetReadDeadline(time.Now().Add(d))
+	return ReadFrame(c)
+}
+
+func (c *raw) expect(want Frame) Frame {
+	c.t.Helper()
+	got, err := c.read(wait)
+	if err != nil {
+		c.t.Fatalf("reading %v: %v", want, err)
+	}
+	if got.Type != want.Type || (want.Type == TypeAcquired && want.Token != 0 && got.Token != want.Token) ||
+		(want.Type == TypeError && got.Code != want.Code) {
+		c.t.Fatalf("got %+v, want %+v", got, want)
+	}
+	return got
+}
+
+func (c *raw) expectWaiting() { c.t.Helper(); c.expect(Frame{Type: TypeWaiting}) }
+
+// expectAcquired reads an ACQUIRED and returns its token.
+func (c *raw) expectAcquired() uint64 {
+	c.t.Helper()
+	return c.expect(Frame{Type: TypeAcquired}).Token
+}
+
+// expectError reads an ERROR with code and then the end of the connection.
+func (c *raw) expectError(code Code) Frame {
+	c.t.Helper()
+	f := c.expect(Frame{Type: TypeError, Code: code})
+	if !strings.HasPrefix(f.Reason, code.String()) {
+		c.t.Errorf("reason %q does not start with the canonical %q", f.Reason, code.String())
+	}
+	c.expectClosed(wait)
+	return f
+}
+
+// expectClosed reads the end of the connection within d, with nothing before it.
+func (c *raw) expectClosed(d time.Duration) {
+	c.t.Helper()
+	f, err := c.read(d)
+	if err == nil {
+		c.t.Fatalf("got %+v, want the connection closed", f)
+	}
+	if !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) && !isReset(err) {
+		c.t.Fatalf("got %v, want the connection closed", err)
+	}
+}
+
+// expectSilence checks that nothing arrives for d.
+func (c *raw) expectSilence(d time.Duration) {
+	c.t.Helper()
+	f, err := c.read(d)
+	var ne net.Error
+	if err == nil || !errors.As(err, &ne) || !ne.Timeout() {
+		c.t.Fatalf("got %+v, %v; want nothing for %v", f, err, d)
+	}
+}
+
+func isReset(err error) bool {
+	return err != nil && strings.Contains(err.Error(), "connection reset")
+}
+
+// holderAndWaiter returns a holder of name and a waiter queued behind it.
+func holderAndWaiter(t *testing.T, addr, name string) (holder, waiter *raw, token uint64) {
+	holder = dialRaw(t, addr)
+	holder.send(acquire(name, time.Minute))
+	token = holder.expectAcquired()
+	waiter = dialRaw(t, addr)
+	waiter.send(acquire(name, time.Minute))
+	waiter.expectWaiting()
+	return holder, waiter, token
+}
+
+type smallSendBuffers struct{ net.Listener }
+
+func (l smallSendBuffers) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if tcp, ok := c.(*net.TCPConn); ok {
+		tcp.SetWriteBuffer(4096)
+	}
+	return c, err
+}
+
+// waitFor polls cond until it holds, failing the test after wait.
+func waitFor(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(wait); !cond(); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("gave up waiting for %s", what)
+		}
+	}
+}

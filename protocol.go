@@ -1,0 +1,290 @@
+package monolock
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"time"
+	"unicode/utf8"
+)
+
+// Wire constants, in the order of the protocol page.
+const (
+	Version = 1 // the protocol version this package speaks
+
+	TypeAcquire   byte = 0x01 // c→s: version u8, lease_ms u32, name_len u16, name
+	TypeHeartbeat byte = 0x02 // c→s
+	TypeWaiting   byte = 0x11 // s→c
+	TypeAcquired  byte = 0x12 // s→c: token u64
+	TypeError     byte = 0x13 // s→c: code u8, reason_len u8, reason
+
+	MaxNameLen   = 255 // bytes of UTF-8; a protocol limit, not a setting
+	MaxReasonLen = 255
+
+	// MaxLease is the longest lease lease_ms can carry (about 49.7 days).
+	MaxLease = math.MaxUint32 * time.Millisecond
+)
+
+// A Code is the code of an ERROR frame. The code is the contract; the
+// reason beside it is for people.
+type Code uint8
+
+// Error codes. Below 0x10 the client did nothing wrong and may reconnect;
+// from 0x10 up the same bytes fail again.
+const (
+	CodeShuttingDown       Code = 0x01
+	CodeClosedByAdmin      Code = 0x02
+	CodeUnsupportedVersion Code = 0x10
+	CodeAcquireFirst       Code = 0x11
+	CodeDuplicateAcquire   Code = 0x12
+	CodeUnknownType        Code = 0x13
+	CodeEmptyName          Code = 0x14
+	CodeNameTooLong        Code = 0x15
+	CodeInvalidUTF8        Code = 0x16
+	CodeBadLease           Code = 0x17
+	CodeNotAuthorized      Code = 0x18
+)
+
+// The sentinel of each code; its text is the code's canonical reason.
+// A *ServerError unwraps to one of these, and so do the errors of local
+// validation, so errors.Is works the same for both.
+var (
+	ErrShuttingDown       = errors.New("server shutting down")
+	ErrClosedByAdmin      = errors.New("closed by administrator")
+	ErrUnsupportedVersion = errors.New("unsupported protocol version")
+	ErrAcquireFirst       = errors.New("first message must be ACQUIRE")
+	ErrDuplicateAcquire   = errors.New("duplicate ACQUIRE")
+	ErrUnknownType        = errors.New("unknown message type")
+	ErrEmptyName          = errors.New("empty lock name")
+	ErrNameTooLong        = errors.New("lock name too long")
+	ErrInvalidUTF8        = errors.New("lock name is not valid UTF-8")
+	ErrBadLease           = errors.New("lease must be positive")
+	ErrNotAuthorized      = errors.New("not authorized for lock")
+)
+
+var codeErrs = map[Code]error{
+	CodeShuttingDown:       ErrShuttingDown,
+	CodeClosedByAdmin:      ErrClosedByAdmin,
+	CodeUnsupportedVersion: ErrUnsupportedVersion,
+	CodeAcquireFirst:       ErrAcquireFirst,
+	CodeDuplicateAcquire:   ErrDuplicateAcquire,
+	CodeUnknownType:        ErrUnknownType,
+	CodeEmptyName:          ErrEmptyName,
+	CodeNameTooLong:        ErrNameTooLong,
+	CodeInvalidUTF8:        ErrInvalidUTF8,
+	CodeBadLease:           ErrBadLease,
+	CodeNotAuthorized:      ErrNotAuthorized,
+}
+
+// ErrInvalidInput marks an argument refused before anything was sent. It
+// comes joined with the sentinel of the code the server would have sent.
+var ErrInvalidInput = errors.New("monolock: invalid input")
+
+// Err returns the code's sentinel error, or nil for a code this version
+// does not know.
+func (c Code) Err() error { return codeErrs[c] }
+
+// Temporary reports whether the code is a server condition (below 0x10),
+// known or not: the client did nothing wrong and may reconnect.
+func (c Code) Temporary() bool { return c < 0x10 }
+
+// String returns the canonical reason of the code.
+func (c Code) String() string {
+	if err := c.Err(); err != nil {
+		return err.Error()
+	}
+	return fmt.Sprintf("unknown error code 0x%02x", uint8(c))
+}
+
+// codeOf returns the code whose sentinel err wraps.
+func codeOf(err error) (Code, bool) {
+	for c, sentinel := range codeErrs {
+		if errors.Is(err, sentinel) {
+			return c, true
+		}
+	}
+	return 0, false
+}
+
+// ServerError is an ERROR frame received from the server.
+type ServerError struct {
+	Code   Code
+	Reason string // the server's text; never branch on it
+}
+
+func (e *ServerError) Error() string {
+	reason := e.Reason
+	if reason == "" {
+		reason = e.Code.String()
+	}
+	return fmt.Sprintf("monolock: server error 0x%02x: %s", uint8(e.Code), reason)
+}
+
+// Temporary reports whether the code is below 0x10.
+func (e *ServerError) Temporary() bool { return e.Code.Temporary() }
+
+// Unwrap returns the code's sentinel, or nil for an unknown code.
+func (e *ServerError) Unwrap() error { return e.Code.Err() }
+
+// Frame is one protocol message in either direction. Type says which of
+// the other fields are meaningful.
+type Frame struct {
+	Type    byte
+	LeaseMS uint32 // ACQUIRE
+	Name    string // ACQUIRE
+	Token   uint64 // ACQUIRED
+	Code    Code   // ERROR
+	Reason  string // ERROR
+}
+
+// AppendBinary appends the wire bytes of f. It encodes an ACQUIRE exactly
+// as given, even one a server must refuse (an empty name, lease 0, a
+// 300-byte name), so tools can test servers with it; it fails only when a
+// field does not fit its length field or the type is not one of the five.
+func (f Frame) AppendBinary(b []byte) ([]byte, error) {
+	switch f.Type {
+	case TypeAcquire:
+		if len(f.Name) > math.MaxUint16 {
+			return b, fmt.Errorf("monolock: name of %d bytes does not fit name_len", len(f.Name))
+		}
+		b = append(b, TypeAcquire, Version)
+		b = binary.BigEndian.AppendUint32(b, f.LeaseMS)
+		b = binary.BigEndian.AppendUint16(b, uint16(len(f.Name)))
+		return append(b, f.Name...), nil
+	case TypeHeartbeat, TypeWaiting:
+		return append(b, f.Type), nil
+	case TypeAcquired:
+		return binary.BigEndian.AppendUint64(append(b, TypeAcquired), f.Token), nil
+	case TypeError:
+		if len(f.Reason) > MaxReasonLen {
+			return b, fmt.Errorf("monolock: reason of %d bytes does not fit reason_len", len(f.Reason))
+		}
+		b = append(b, TypeError, byte(f.Code), byte(len(f.Reason)))
+		return append(b, f.Reason...), nil
+	}
+	return b, fmt.Errorf("monolock: cannot encode frame type 0x%02x", f.Type)
+}
+
+// ReadFrame reads one whole frame of either direction, however the bytes
+// are split. It returns io.EOF only when r ends before a frame begins, and
+// io.ErrUnexpectedEOF when it ends inside one. An ACQUIRE is checked as a
+// server checks it, in the order of the specification: version, lease,
+// then name (empty, too long, UTF-8); the error wraps the code's sentinel.
+// It never allocates more than the protocol limits, whatever a length
+// field says.
+func ReadFrame(r io.Reader) (Frame, error) {
+	var typ [1]byte
+	if _, err := io.ReadFull(r, typ[:]); err != nil {
+		return Frame{}, err
+	}
+	switch typ[0] {
+	case TypeAcquire:
+		return readAcquire(r)
+	case TypeHeartbeat, TypeWaiting:
+		return Frame{Type: typ[0]}, nil
+	case TypeAcquired:
+		var b [8]byte
+		if err := readFull(r, b[:]); err != nil {
+			return Frame{}, err
+		}
+		return Frame{Type: TypeAcquired, Token: binary.BigEndian.Uint64(b[:])}, nil
+	case TypeError:
+		var b [2]byte
+		if err := readFull(r, b[:]); err != nil {
+			return Frame{}, err
+		}
+		reason := make([]byte, b[1])
+		if err := readFull(r, reason); err != nil {
+			return Frame{}, err
+		}
+		return Frame{Type: TypeError, Code: Code(b[0]), Reason: string(reason)}, nil
+	}
+	return Frame{}, unknownType(typ[0])
+}
+
+func unknownType(typ byte) error { return fmt.Errorf("%w: 0x%02x", ErrUnknownType, typ) }
+
+// readAcquire reads an ACQUIRE after its type byte.
+func readAcquire(r io.Reader) (Frame, error) {
+	var b [6]byte
+	if err := readFull(r, b[:1]); err != nil {
+		return Frame{}, err
+	}
+	if b[0] != Version {
+		// Stop here: another version may lay out the rest differently, and
+		// waiting for bytes that never come would only delay the answer.
+		return Frame{}, fmt.Errorf("%w: %d", ErrUnsupportedVersion, b[0])
+	}
+	if err := readFull(r, b[:]); err != nil {
+		return Frame{}, err
+	}
+	f := Frame{Type: TypeAcquire, LeaseMS: binary.BigEndian.Uint32(b[:4])}
+	n := int(binary.BigEndian.Uint16(b[4:]))
+	if n <= MaxNameLen {
+		name := make([]byte, n)
+		if err := readFull(r, name); err != nil {
+			return Frame{}, err
+		}
+		f.Name = string(name)
+	}
+	if err := checkLease(f.LeaseMS); err != nil {
+		return Frame{}, err
+	}
+	return f, checkName(n, f.Name)
+}
+
+// readFull is io.ReadFull inside a frame, where any EOF is unexpected.
+func readFull(r io.Reader, b []byte) error {
+	_, err := io.ReadFull(r, b)
+	if err == io.EOF {
+		err = io.ErrUnexpectedEOF
+	}
+	return err
+}
+
+func checkLease(ms uint32) error {
+	if ms == 0 {
+		return ErrBadLease
+	}
+	return nil
+}
+
+// checkName checks a name of n bytes on the wire; name is empty when n is
+// over the limit, because such a name is never read.
+func checkName(n int, name string) error {
+	switch {
+	case n == 0:
+		return ErrEmptyName
+	case n > MaxNameLen:
+		return fmt.Errorf("%w: %d bytes, limit %d", ErrNameTooLong, n, MaxNameLen)
+	case !utf8.ValidString(name):
+		return ErrInvalidUTF8
+	}
+	return nil
+}
+
+// ValidateName returns nil when a server accepts name as a lock name:
+// 1 to 255 bytes of valid UTF-8. Otherwise the error wraps both
+// ErrInvalidInput and the sentinel of the code the server would send.
+func ValidateName(name string) error {
+	if err := checkName(len(name), name); err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalidInput, err)
+	}
+	return nil
+}
+
+// ValidateLease returns nil when lease is a whole number of milliseconds
+// from 1ms to MaxLease, the leases lease_ms can carry exactly.
+func ValidateLease(lease time.Duration) error {
+	switch {
+	case lease < time.Millisecond:
+		return fmt.Errorf("%w: %w: %v is less than 1ms", ErrInvalidInput, ErrBadLease, lease)
+	case lease > MaxLease:
+		return fmt.Errorf("%w: lease %v is longer than the protocol's %v", ErrInvalidInput, lease, MaxLease)
+	case lease%time.Millisecond != 0:
+		return fmt.Errorf("%w: lease %v is not a whole number of milliseconds", ErrInvalidInput, lease)
+	}
+	return nil
+}
