@@ -4,11 +4,13 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"io"
 	"net"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
+	"unicode/utf8"
 )
 
 func TestGrantWaitAndPushPromotion(t *testing.T) {
@@ -474,4 +476,75 @@ func stuckHolder(t *testing.T, addr, name string) *raw {
 	}
 	t.Fatal("the server kept reading a client that never reads")
 	return nil
+}
+
+// FuzzServerSession feeds any client byte stream to a real server session
+// and checks what comes back: whole server frames only, WAITING never after
+// ACQUIRED, one token, an ERROR only last and only with a known code and a
+// canonical UTF-8 reason.
+func FuzzServerSession(f *testing.F) {
+	seeds := [][]byte{{}, {TypeHeartbeat}, {0x7f}, {TypeAcquire, 2}}
+	for _, frames := range [][]Frame{
+		{acquire("fz", time.Minute), heartbeat, heartbeat},
+		{acquire("fz", time.Minute), acquire("fz", time.Minute)},
+		{acquire("", time.Minute)},
+		{acquire("fz", time.Millisecond), heartbeat},
+		{acquire("fz", time.Minute), heartbeat, {Type: TypeWaiting}},
+	} {
+		var b []byte
+		for _, fr := range frames {
+			b, _ = fr.AppendBinary(b)
+		}
+		seeds = append(seeds, b)
+	}
+	for _, s := range seeds {
+		f.Add(s)
+	}
+	addr := startServer(f, &Server{IOTimeout: time.Second})
+	f.Fuzz(func(t *testing.T, data []byte) {
+		c, err := net.DialTimeout("tcp", addr, wait)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(wait))
+		c.Write(data) // may fail once the server has refused the stream
+		c.(*net.TCPConn).CloseWrite()
+		out, err := io.ReadAll(c)
+		if err != nil && !isReset(err) {
+			t.Fatalf("reading the server's answer: %v", err)
+		}
+		checkServerStream(t, out)
+	})
+}
+
+func checkServerStream(t *testing.T, out []byte) {
+	r := bytes.NewReader(out)
+	var token uint64
+	for r.Len() > 0 {
+		f, err := ReadFrame(r)
+		if err != nil {
+			t.Fatalf("server wrote %x: %v", out, err)
+		}
+		switch f.Type {
+		case TypeWaiting:
+			if token != 0 {
+				t.Fatalf("WAITING after ACQUIRED in %x", out)
+			}
+		case TypeAcquired:
+			if f.Token == 0 || (token != 0 && f.Token != token) {
+				t.Fatalf("tokens %d then %d in %x", token, f.Token, out)
+			}
+			token = f.Token
+		case TypeError:
+			if f.Code.Err() == nil || !utf8.ValidString(f.Reason) || !strings.HasPrefix(f.Reason, f.Code.String()) {
+				t.Fatalf("bad ERROR %+v in %x", f, out)
+			}
+			if r.Len() > 0 {
+				t.Fatalf("bytes after an ERROR in %x", out)
+			}
+		default:
+			t.Fatalf("server wrote a client frame %+v in %x", f, out)
+		}
+	}
 }
