@@ -15,15 +15,27 @@ import (
 const wait = 10 * time.Second
 
 // startServer serves srv on an ephemeral loopback port until the test ends.
-// The server's send buffers are small, so that a client that does not read
-// blocks the server's writes to it soon.
 func startServer(t testing.TB, srv *Server) string {
 	t.Helper()
-	inner, err := net.Listen("tcp", "127.0.0.1:0")
+	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	l := smallSendBuffers{inner}
+	return serveOn(t, srv, l)
+}
+
+// startServerSmallBuffers is startServer with small send buffers, so that
+// a client that does not read soon blocks the server's writes to it.
+func startServerSmallBuffers(t testing.TB, srv *Server) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return serveOn(t, srv, smallSendBuffers{l})
+}
+
+func serveOn(t testing.TB, srv *Server, l net.Listener) string {
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(l) }()
 	t.Cleanup(func() {

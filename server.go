@@ -310,11 +310,12 @@ func (srv *Server) nextTokenLocked() uint64 {
 	return t
 }
 
-// end removes s from the table, closes it and, if it held its lock,
-// promotes the head waiter, whose goroutine is busy with its own reads,
-// by pushing ACQUIRED from here.
+// end removes s from the table and, if it held its lock, promotes the
+// head waiter, whose goroutine is busy with its own reads, by pushing
+// ACQUIRED from here. Closing s waits until after the push: the table
+// already says who holds, and the waiter should not wait for a syscall.
 func (s *session) end() {
-	s.conn.Close()
+	defer s.conn.Close()
 	srv := s.srv
 	srv.mu.Lock()
 	delete(srv.sessions, s)

@@ -291,7 +291,7 @@ func TestIOTimeout(t *testing.T) {
 // A holder that never reads fills its buffers; the server's writes to it
 // block, and nobody else may notice.
 func TestClientThatNeverReadsDelaysNobody(t *testing.T) {
-	addr := startServer(t, &Server{IOTimeout: time.Minute})
+	addr := startServerSmallBuffers(t, &Server{IOTimeout: time.Minute})
 	stuckHolder(t, addr, "stuck")
 
 	// The stuck session's goroutine is blocked writing. Others are served
@@ -445,7 +445,7 @@ func TestAcceptErrorsBackOffAndRecover(t *testing.T) {
 
 func TestShutdownDeadlineClosesStuckSessions(t *testing.T) {
 	srv := &Server{IOTimeout: time.Minute}
-	addr := startServer(t, srv)
+	addr := startServerSmallBuffers(t, srv)
 	stuckHolder(t, addr, "stuck")
 	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 	defer cancel()

@@ -1,0 +1,233 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"monolock"
+)
+
+var binary string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "monolock-bin")
+	if err != nil {
+		panic(err)
+	}
+	binary = filepath.Join(dir, "monolock")
+	if out, err := exec.Command("go", "build", "-o", binary, ".").CombinedOutput(); err != nil {
+		os.Stderr.Write(out)
+		panic(err)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// server is the binary running in the background.
+type server struct {
+	cmd    *exec.Cmd
+	addr   string
+	stderr *bytes.Buffer // everything after the "serving" line
+	done   chan error
+}
+
+func start(t *testing.T, env []string, args ...string) *server {
+	t.Helper()
+	cmd := exec.Command(binary, append([]string{"-listen", "127.0.0.1:0"}, args...)...)
+	cmd.Env = append(os.Environ(), env...)
+	pipe, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	s := &server{cmd: cmd, stderr: &bytes.Buffer{}, done: make(chan error, 1)}
+	lines := bufio.NewScanner(pipe)
+	addrRE := regexp.MustCompile(`listen"?[=:]"?([0-9.:]+)`)
+	for lines.Scan() {
+		if m := addrRE.FindStringSubmatch(lines.Text()); m != nil && strings.Contains(lines.Text(), "serving") {
+			s.addr = m[1]
+			break
+		}
+	}
+	if s.addr == "" {
+		cmd.Process.Kill()
+		t.Fatal("the server never said where it listens")
+	}
+	go func() {
+		for lines.Scan() {
+			s.stderr.WriteString(lines.Text() + "\n")
+		}
+		s.done <- cmd.Wait()
+	}()
+	t.Cleanup(func() { cmd.Process.Kill() })
+	return s
+}
+
+func (s *server) exitCode(t *testing.T) int {
+	t.Helper()
+	select {
+	case err := <-s.done:
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			return ee.ExitCode()
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		return 0
+	case <-time.After(10 * time.Second):
+		t.Fatal("the server did not exit")
+		return -1
+	}
+}
+
+func dial(t *testing.T, addr, name string) (net.Conn, monolock.Frame) {
+	t.Helper()
+	c, err := net.DialTimeout("tcp", addr, 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	b, _ := monolock.Frame{Type: monolock.TypeAcquire, LeaseMS: 60000, Name: name}.AppendBinary(nil)
+	c.Write(b)
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	f, err := monolock.ReadFrame(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c, f
+}
+
+func TestServeHandoverAndGracefulShutdown(t *testing.T) {
+	s := start(t, nil)
+	holder, f := dial(t, s.addr, "deploy")
+	if f.Type != monolock.TypeAcquired {
+		t.Fatalf("holder got %+v", f)
+	}
+	waiter, f := dial(t, s.addr, "deploy")
+	if f.Type != monolock.TypeWaiting {
+		t.Fatalf("waiter got %+v", f)
+	}
+	holder.Close()
+	if f, err := monolock.ReadFrame(waiter); err != nil || f.Type != monolock.TypeAcquired {
+		t.Fatalf("waiter got %+v, %v after the holder closed", f, err)
+	}
+	s.cmd.Process.Signal(syscall.SIGTERM)
+	f, err := monolock.ReadFrame(waiter)
+	if err != nil || f.Type != monolock.TypeError || f.Code != monolock.CodeShuttingDown {
+		t.Fatalf("holder got %+v, %v at shutdown", f, err)
+	}
+	if code := s.exitCode(t); code != 0 {
+		t.Fatalf("exit status %d after SIGTERM, want 0; stderr:\n%s", code, s.stderr)
+	}
+}
+
+func TestSecondSignalExitsAtOnce(t *testing.T) {
+	s := start(t, nil, "-io-timeout", "1m")
+	// A holder that floods heartbeats and never reads blocks the server's
+	// writes to it, so the graceful shutdown cannot finish for a minute.
+	c, _ := dial(t, s.addr, "stuck")
+	c.(*net.TCPConn).SetReadBuffer(1024)
+	flood := bytes.Repeat([]byte{monolock.TypeHeartbeat}, 1<<16)
+	for {
+		c.SetWriteDeadline(time.Now().Add(time.Second))
+		if n, err := c.Write(flood); err != nil && n == 0 {
+			break
+		}
+	}
+	s.cmd.Process.Signal(syscall.SIGTERM)
+	time.Sleep(200 * time.Millisecond)
+	s.cmd.Process.Signal(syscall.SIGINT)
+	if code := s.exitCode(t); code != 1 {
+		t.Fatalf("exit status %d after a second signal, want 1", code)
+	}
+}
+
+func TestFlagsAndEnvironment(t *testing.T) {
+	run := func(env []string, args ...string) (int, string, string) {
+		cmd := exec.Command(binary, args...)
+		cmd.Env = append(os.Environ(), env...)
+		var stdout, stderr bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &stdout, &stderr
+		done := make(chan error, 1)
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		go func() { done <- cmd.Wait() }()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			cmd.Process.Kill()
+			t.Fatalf("monolock %v did not exit", args)
+		}
+		return cmd.ProcessState.ExitCode(), stdout.String(), stderr.String()
+	}
+
+	code, out, _ := run(nil, "-h")
+	if code != 0 {
+		t.Errorf("-h exited %d", code)
+	}
+	for _, want := range []string{"-listen", "MONOLOCK_LISTEN_ADDRESS", "127.0.0.1:7070", "-io-timeout",
+		"MONOLOCK_IO_TIMEOUT", "5s", "-log-level", "MONOLOCK_LOG_LEVEL", "-log-format", "MONOLOCK_LOG_FORMAT"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("-h does not mention %s:\n%s", want, out)
+		}
+	}
+
+	for _, tc := range []struct {
+		env  []string
+		args []string
+		want string
+	}{
+		{nil, []string{"-io-timeout", "soon"}, "-io-timeout"},
+		{nil, []string{"-io-timeout", "0s"}, "-io-timeout must be positive"},
+		{nil, []string{"-log-level", "loud"}, "-log-level"},
+		{nil, []string{"-log-format", "xml"}, "-log-format"},
+		{nil, []string{"-no-such-flag"}, "no-such-flag"},
+		{nil, []string{"stray"}, "stray"},
+		{[]string{"MONOLOCK_IO_TIMEOUT=soon"}, nil, "MONOLOCK_IO_TIMEOUT"},
+		{[]string{"MONOLOCK_LOG_FORMAT=xml"}, nil, "MONOLOCK_LOG_FORMAT"},
+	} {
+		code, _, stderr := run(tc.env, tc.args...)
+		if code != 2 || strings.Count(stderr, "\n") != 1 || !strings.Contains(stderr, tc.want) {
+			t.Errorf("env %v args %v: exit %d, stderr %q; want 2 and one line naming %s", tc.env, tc.args, code, stderr, tc.want)
+		}
+	}
+
+	// A flag beats its variable, which beats the default.
+	s := start(t, []string{"MONOLOCK_LOG_FORMAT=json", "MONOLOCK_IO_TIMEOUT=250ms"})
+	c, err := net.Dial("tcp", s.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	begin := time.Now()
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.ReadAll(c); err != nil || time.Since(begin) > 4*time.Second {
+		t.Errorf("silent connection closed after %v (%v), want the 250ms io-timeout from the environment", time.Since(begin), err)
+	}
+	s.cmd.Process.Signal(syscall.SIGTERM)
+	s.exitCode(t)
+	if !strings.HasPrefix(s.stderr.String(), "{") {
+		t.Errorf("MONOLOCK_LOG_FORMAT=json gave %q", s.stderr)
+	}
+	s = start(t, []string{"MONOLOCK_LOG_FORMAT=json", "MONOLOCK_LISTEN_ADDRESS=256.0.0.1:1"}, "-log-format", "text")
+	s.cmd.Process.Signal(syscall.SIGTERM)
+	s.exitCode(t)
+	if !strings.HasPrefix(s.stderr.String(), "time=") {
+		t.Errorf("-log-format text did not beat the environment: %q", s.stderr)
+	}
+}
