@@ -176,8 +176,9 @@ func (srv *Server) Shutdown(ctx context.Context) error {
 	}
 }
 
-// Close stops accepting and closes every connection at once, without
-// sending anything. It does not wait for the session goroutines.
+// Close stops accepting and closes every connection at once. A session
+// that is between two frames at that moment may still be sent ERROR 0x01;
+// the others get nothing. It does not wait for the session goroutines.
 func (srv *Server) Close() error {
 	for _, s := range srv.beginClose() {
 		s.conn.Close()

@@ -1,0 +1,781 @@
+package monolock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+func TestDoRunsFnWithTheTokenAndReleases(t *testing.T) {
+	addr := startServer(t, &Server{})
+	c := New(Config{Address: addr})
+	var got uint64
+	w := dialRaw(t, addr)
+	err := c.Do(context.Background(), "job", time.Second, func(ctx context.Context, token uint64) error {
+		got = token
+		// While fn runs the lock is held: a raw client queues behind it.
+		w.send(acquire("job", time.Minute))
+		w.expectWaiting()
+		return nil
+	})
+	if err != nil || got == 0 {
+		t.Fatalf("Do = %v, token %d", err, got)
+	}
+	// Released: the waiter is granted a larger token.
+	if next := w.expectAcquired(); next <= got {
+		t.Fatalf("token %d after %d", next, got)
+	}
+}
+
+func TestDoReturnsFnError(t *testing.T) {
+	addr := startServer(t, &Server{})
+	c := New(Config{Address: addr})
+	boom := errors.New("boom")
+	err := c.Do(context.Background(), "e", time.Second, func(context.Context, uint64) error { return boom })
+	if err != boom {
+		t.Fatalf("Do = %v, want fn's error unchanged", err)
+	}
+}
+
+// A lock held for many leases stays held: heartbeats keep it alive.
+func TestLockHeldForManyLeases(t *testing.T) {
+	addr := startServer(t, &Server{})
+	c := New(Config{Address: addr})
+	const lease = 400 * time.Millisecond
+	err := c.Do(context.Background(), "long", lease, func(ctx context.Context, token uint64) error {
+		select {
+		case <-ctx.Done():
+			return context.Cause(ctx)
+		case <-time.After(8 * lease):
+			return nil
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// The central promise: in every fault, the holder's context is cancelled
+// before the server lets anyone else have the lock.
+func TestHolderStopsBeforeTheServerReleases(t *testing.T) {
+	const lease = 2 * time.Second
+	for _, tc := range []struct {
+		name  string
+		fault func(*faultProxy, *Server)
+	}{
+		{"blackhole both ways", func(p *faultProxy, _ *Server) {
+			p.set(up, fault{drop: true})
+			p.set(down, fault{drop: true})
+		}},
+		{"heartbeats lost", func(p *faultProxy, _ *Server) { p.set(up, fault{drop: true}) }},
+		{"replies lost", func(p *faultProxy, _ *Server) { p.set(down, fault{drop: true}) }},
+		{"replies delayed", func(p *faultProxy, _ *Server) { p.set(down, fault{delay: lease * 6 / 10}) }},
+		// Late replies, then a lost heartbeat: a client that counted from a
+		// reply's arrival instead of its request's send would hold on past
+		// the server's expiry here.
+		{"replies delayed, then heartbeats lost", func(p *faultProxy, _ *Server) {
+			p.set(down, fault{delay: lease * 3 / 10})
+			time.Sleep(lease)
+			p.set(up, fault{drop: true})
+		}},
+		{"server killed", func(_ *faultProxy, srv *Server) { srv.Close() }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			srv := &Server{}
+			l, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			addr := l.Addr().String()
+			go srv.Serve(l)
+			defer srv.Close()
+			p := startProxy(t, addr)
+			c := New(Config{Address: p.addr})
+
+			var cancelledAt, grantedAt atomic.Int64 // ns since start
+			start := time.Now()
+			held := make(chan struct{})
+			done := make(chan error, 1)
+			go func() {
+				done <- c.Do(context.Background(), "fenced", lease, func(ctx context.Context, token uint64) error {
+					close(held)
+					<-ctx.Done()
+					cancelledAt.Store(int64(time.Since(start)))
+					return nil
+				})
+			}()
+			<-held
+			time.Sleep(lease / 2) // a few heartbeats in
+			if tc.name == "server killed" {
+				// The next holder comes from a new server on the same address,
+				// started a little later, as a restarted process would be.
+				tc.fault(p, srv)
+				time.Sleep(100 * time.Millisecond)
+				srv2 := &Server{}
+				var l2 net.Listener
+				waitFor(t, "the address to be free", func() bool {
+					l2, err = net.Listen("tcp", addr)
+					return err == nil
+				})
+				go srv2.Serve(l2)
+				defer srv2.Close()
+			} else {
+				tc.fault(p, srv)
+			}
+			waiter := dialRaw(t, addr) // directly to the server, past the faults
+			waiter.send(acquire("fenced", time.Minute))
+			if f, err := waiter.read(wait); err == nil && f.Type == TypeWaiting {
+				_, err = waiter.read(wait)
+				if err != nil {
+					t.Fatalf("waiter: %v", err)
+				}
+			}
+			grantedAt.Store(int64(time.Since(start)))
+
+			err = <-done
+			if !errors.Is(err, ErrLockLost) {
+				t.Fatalf("Do returned %v, want ErrLockLost", err)
+			}
+			ca, ga := time.Duration(cancelledAt.Load()), time.Duration(grantedAt.Load())
+			if ca == 0 || ca >= ga {
+				t.Fatalf("holder cancelled at %v, next holder granted at %v: the holder must stop first (%v)", ca, ga, err)
+			}
+			t.Logf("cancelled at %v, next holder granted at %v; cause: %v", ca, ga, err)
+		})
+	}
+}
+
+// A connection cut in the middle reaches both ends at once, so the server
+// may grant the lock again as the holder hears of it (the fencing token
+// orders the two); the holder must hear at once, not at its timeout.
+func TestCutConnectionCancelsAtOnce(t *testing.T) {
+	addr := startServer(t, &Server{})
+	p := startProxy(t, addr)
+	const lease = time.Minute
+	start := time.Now()
+	err := New(Config{Address: p.addr}).Do(context.Background(), "cut", lease, func(ctx context.Context, token uint64) error {
+		p.cut()
+		<-ctx.Done()
+		return nil
+	})
+	if !errors.Is(err, ErrLockLost) || !errors.Is(err, ErrConnectionClosed) {
+		t.Fatalf("Do = %v, want a lost lock with a closed connection", err)
+	}
+	if d := time.Since(start); d > lease/4 {
+		t.Fatalf("cut noticed after %v", d)
+	}
+}
+
+// Section 7's scenario: a queued client's heartbeat is lost, then the
+// promotion push arrives. The push confirms nothing, so the client's
+// deadline still counts from its ACQUIRE, and it gives up before the
+// server, which never saw the heartbeat, drops it and grants the next.
+func TestPushAfterLostHeartbeatConfirmsNothing(t *testing.T) {
+	const lease = 2 * time.Second
+	srv := &Server{}
+	addr := startServer(t, srv)
+	p := startProxy(t, addr)
+	holder := dialRaw(t, addr)
+	holder.send(acquire("push", time.Minute))
+	holder.expectAcquired()
+
+	// Acquire through a dialer that lets the ACQUIRE through and then drops
+	// everything the client sends: its first heartbeat never arrives.
+	c := New(Config{Address: p.addr, Dialer: dialerFunc(func(ctx context.Context, network, address string) (net.Conn, error) {
+		conn, err := (&net.Dialer{}).DialContext(ctx, network, address)
+		return &afterFirstWrite{Conn: conn, then: func() { p.set(up, fault{drop: true}) }}, err
+	})})
+	start := time.Now()
+	acquired := make(chan *Lock, 1)
+	go func() {
+		l, err := c.Acquire(context.Background(), "push", lease)
+		if err != nil {
+			t.Error(err)
+		}
+		acquired <- l
+	}()
+	waitFor(t, "the client's first heartbeat to be sent and lost", func() bool {
+		return time.Since(start) > lease/4+lease/10
+	})
+	holder.Close() // the server pushes ACQUIRED to the client
+	l := <-acquired
+	if l == nil {
+		return
+	}
+	defer l.Release()
+	next := dialRaw(t, addr)
+	next.send(acquire("push", time.Minute))
+	if f, err := next.read(wait); err != nil || f.Type != TypeWaiting {
+		t.Fatalf("next: %+v, %v", f, err)
+	}
+	<-l.Done()
+	cancelled := time.Since(start)
+	if _, err := next.read(wait); err != nil {
+		t.Fatalf("next waiter: %v", err)
+	}
+	granted := time.Since(start)
+	if cancelled >= granted {
+		t.Fatalf("client believed until %v, but the server granted the lock again at %v", cancelled, granted)
+	}
+	if cancelled > lease*8/10+lease/10 {
+		t.Fatalf("client believed until %v: the push extended its claim past 0.8 of the lease from the ACQUIRE", cancelled)
+	}
+	if !errors.Is(l.Err(), ErrHeartbeatTimeout) || !errors.Is(l.Err(), ErrLockLost) {
+		t.Fatalf("cause %v, want a heartbeat timeout", l.Err())
+	}
+}
+
+type dialerFunc func(ctx context.Context, network, address string) (net.Conn, error)
+
+func (f dialerFunc) DialContext(ctx context.Context, network, address string) (net.Conn, error) {
+	return f(ctx, network, address)
+}
+
+type afterFirstWrite struct {
+	net.Conn
+	once sync.Once
+	then func()
+}
+
+func (c *afterFirstWrite) Write(b []byte) (int, error) {
+	n, err := c.Conn.Write(b)
+	c.once.Do(func() {
+		time.Sleep(50 * time.Millisecond) // let the ACQUIRE pass the proxy first
+		c.then()
+	})
+	return n, err
+}
+
+// fakeServer accepts connections and hands each to serve.
+func fakeServer(t *testing.T, serve func(c net.Conn)) string {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				serve(c)
+			}()
+		}
+	}()
+	return l.Addr().String()
+}
+
+func writeFrame(c net.Conn, f Frame) error {
+	b, err := f.AppendBinary(nil)
+	if err != nil {
+		return err
+	}
+	_, err = c.Write(b)
+	return err
+}
+
+// A server that answers slowly: never more than one heartbeat in flight,
+// and the interval between sends shrinks with the round trip.
+func TestHeartbeatScheduleAndOneInFlight(t *testing.T) {
+	const lease = 2 * time.Second // a quarter is 500ms
+	for _, tc := range []struct {
+		name             string
+		replyDelay       time.Duration
+		minMean, maxMean time.Duration
+	}{
+		// Fast replies: the interval is the full quarter.
+		{"fast", 0, 440 * time.Millisecond, 520 * time.Millisecond},
+		// 150ms replies: the interval falls from 500ms towards 500 - 2*150 =
+		// 200ms as the smoothed round trip catches up (about 335ms on average
+		// over 3s).
+		{"slow", 150 * time.Millisecond, 170 * time.Millisecond, 420 * time.Millisecond},
+		// 300ms replies, slower than the 100ms floor: the next heartbeat
+		// goes right after each reply, never before.
+		{"slower than the interval", 300 * time.Millisecond, 290 * time.Millisecond, 450 * time.Millisecond},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			var mu sync.Mutex
+			var arrivals []time.Time
+			var overlaps int
+			addr := fakeServer(t, func(c net.Conn) {
+				if _, err := ReadFrame(c); err != nil {
+					return
+				}
+				writeFrame(c, Frame{Type: TypeAcquired, Token: 7})
+				replied := make(chan struct{}, 1)
+				replied <- struct{}{}
+				for {
+					if _, err := ReadFrame(c); err != nil {
+						return
+					}
+					mu.Lock()
+					arrivals = append(arrivals, time.Now())
+					select {
+					case <-replied:
+					default:
+						overlaps++ // a heartbeat before the last one was answered
+					}
+					mu.Unlock()
+					go func() {
+						time.Sleep(tc.replyDelay)
+						replied <- struct{}{} // before the reply can reach the client
+						writeFrame(c, Frame{Type: TypeAcquired, Token: 7})
+					}()
+				}
+			})
+			c := New(Config{Address: addr})
+			err := c.Do(context.Background(), "hb", lease, func(ctx context.Context, token uint64) error {
+				select {
+				case <-time.After(3 * time.Second):
+					return nil
+				case <-ctx.Done():
+					return context.Cause(ctx)
+				}
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if overlaps > 0 {
+				t.Fatalf("%d heartbeats sent while another was in flight", overlaps)
+			}
+			if len(arrivals) < 4 {
+				t.Fatalf("only %d heartbeats in 3s", len(arrivals))
+			}
+			var longest time.Duration
+			for i := 1; i < len(arrivals); i++ {
+				longest = max(longest, arrivals[i].Sub(arrivals[i-1]))
+			}
+			mean := arrivals[len(arrivals)-1].Sub(arrivals[0]) / time.Duration(len(arrivals)-1)
+			if mean < tc.minMean || mean > tc.maxMean {
+				t.Errorf("mean interval %v, want %v to %v", mean, tc.minMean, tc.maxMean)
+			}
+			if tc.replyDelay < lease/4 && longest > lease/4+150*time.Millisecond {
+				t.Errorf("longest interval %v, more than a quarter of the lease", longest)
+			}
+		})
+	}
+}
+
+func TestHeartbeatInterval(t *testing.T) {
+	for _, tc := range []struct {
+		lease, srtt, want time.Duration
+	}{
+		{4 * time.Second, 0, time.Second},
+		{4 * time.Second, 100 * time.Millisecond, 800 * time.Millisecond},
+		{4 * time.Second, 450 * time.Millisecond, 100 * time.Millisecond}, // below the floor
+		{4 * time.Second, 10 * time.Second, 100 * time.Millisecond},
+		{200 * time.Millisecond, 0, 50 * time.Millisecond}, // the floor never exceeds a quarter
+		{200 * time.Millisecond, 20 * time.Millisecond, 50 * time.Millisecond},
+		{time.Millisecond, 0, 250 * time.Microsecond},
+	} {
+		if got := heartbeatInterval(tc.lease, tc.srtt); got != tc.want {
+			t.Errorf("heartbeatInterval(%v, %v) = %v, want %v", tc.lease, tc.srtt, got, tc.want)
+		}
+	}
+}
+
+func TestPanicReleasesThenRepanics(t *testing.T) {
+	addr := startServer(t, &Server{})
+	c := New(Config{Address: addr})
+	waiter := dialRaw(t, addr)
+	func() {
+		defer func() {
+			if r := recover(); r != "boom" {
+				t.Fatalf("recovered %v, want the panic of fn", r)
+			}
+		}()
+		c.Do(context.Background(), "p", time.Minute, func(ctx context.Context, token uint64) error {
+			waiter.send(acquire("p", time.Minute))
+			waiter.expectWaiting()
+			panic("boom")
+		})
+	}()
+	waiter.expectAcquired() // already released when the panic reached us
+}
+
+func TestCancellingDoWhileFnRunsIsGraceful(t *testing.T) {
+	addr := startServer(t, &Server{})
+	c := New(Config{Address: addr})
+	ctx, cancel := context.WithCancelCause(context.Background())
+	stopReason := errors.New("deploy aborted")
+	waiter := dialRaw(t, addr)
+	const lease = 400 * time.Millisecond
+	err := c.Do(ctx, "g", lease, func(fnCtx context.Context, token uint64) error {
+		waiter.send(acquire("g", time.Minute))
+		waiter.expectWaiting()
+		cancel(stopReason)
+		<-fnCtx.Done()
+		if cause := context.Cause(fnCtx); cause != stopReason {
+			t.Errorf("fn's cause %v, want Do's cause", cause)
+		}
+		// Wind down for several leases: the lock must stay ours meanwhile.
+		time.Sleep(3 * lease)
+		waiter.send(heartbeat)
+		waiter.expectWaiting()
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("Do = %v, want nil: a graceful stop reports no loss", err)
+	}
+	waiter.expectAcquired()
+}
+
+func TestCancellingWhileQueuedFreesThePlace(t *testing.T) {
+	addr := startServer(t, &Server{})
+	holder := dialRaw(t, addr)
+	holder.send(acquire("q", time.Minute))
+	holder.expectAcquired()
+	c := New(Config{Address: addr})
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	ran := false
+	err := c.Do(ctx, "q", time.Minute, func(context.Context, uint64) error { ran = true; return nil })
+	if !errors.Is(err, context.DeadlineExceeded) || ran {
+		t.Fatalf("Do = %v (fn ran: %v), want the context's deadline", err, ran)
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Fatalf("Do returned %v after its context ended", d)
+	}
+	for _, sentinel := range []error{ErrDial, ErrLockLost, ErrBusy, ErrConnectionClosed} {
+		if errors.Is(err, sentinel) {
+			t.Errorf("cancellation while queued also matches %v", sentinel)
+		}
+	}
+	// The place is free: the next client behind the holder is first in line.
+	next := dialRaw(t, addr)
+	next.send(acquire("q", time.Minute))
+	next.expectWaiting()
+	holder.Close()
+	next.expectAcquired()
+}
+
+func TestTryAcquire(t *testing.T) {
+	srv := &Server{}
+	addr := startServer(t, srv)
+	c := New(Config{Address: addr})
+	l, err := c.TryAcquire(context.Background(), "t", time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.TryAcquire(context.Background(), "t", time.Second); !errors.Is(err, ErrBusy) {
+		t.Fatalf("second TryAcquire = %v, want ErrBusy", err)
+	}
+	if err := l.Release(); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Release(); err != nil {
+		t.Fatalf("second Release = %v", err)
+	}
+	if !errors.Is(l.Err(), ErrReleased) {
+		t.Fatalf("Err after Release = %v", l.Err())
+	}
+	// The busy try left no place in the queue: the lock is free again once
+	// the server has read the release.
+	waitFor(t, "the release to reach the server", func() bool {
+		srv.mu.Lock()
+		defer srv.mu.Unlock()
+		return len(srv.locks) == 0
+	})
+	l2, err := c.TryAcquire(context.Background(), "t", time.Second)
+	if err != nil {
+		t.Fatalf("TryAcquire after Release = %v", err)
+	}
+	l2.Release()
+}
+
+func TestLockHandleReportsLoss(t *testing.T) {
+	srv := &Server{}
+	addr := startServer(t, srv)
+	c := New(Config{Address: addr})
+	l, err := c.Acquire(context.Background(), "h", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l.Err() != nil || l.Name() != "h" || l.Token() == 0 {
+		t.Fatalf("fresh lock: err %v, name %q, token %d", l.Err(), l.Name(), l.Token())
+	}
+	srv.Shutdown(context.Background())
+	select {
+	case <-l.Done():
+	case <-time.After(wait):
+		t.Fatal("no loss reported after shutdown")
+	}
+	var se *ServerError
+	if !errors.Is(l.Err(), ErrLockLost) || !errors.Is(l.Err(), ErrShuttingDown) || !errors.As(l.Err(), &se) {
+		t.Fatalf("cause %v, want ErrLockLost and ERROR 0x01", l.Err())
+	}
+	if context.Cause(l.Context()) != l.Err() {
+		t.Fatalf("context cause %v, Err %v", context.Cause(l.Context()), l.Err())
+	}
+	if err := l.Release(); !errors.Is(err, ErrLockLost) {
+		t.Fatalf("Release after a loss = %v, want the loss", err)
+	}
+}
+
+func TestLossWhileFnRunsIsJoinedWithFnError(t *testing.T) {
+	srv := &Server{}
+	addr := startServer(t, srv)
+	c := New(Config{Address: addr})
+	fnErr := errors.New("half done")
+	err := c.Do(context.Background(), "j", time.Minute, func(ctx context.Context, token uint64) error {
+		go srv.Shutdown(context.Background())
+		<-ctx.Done()
+		if !errors.Is(context.Cause(ctx), ErrShuttingDown) {
+			t.Errorf("fn's cause %v", context.Cause(ctx))
+		}
+		return fnErr
+	})
+	if !errors.Is(err, fnErr) || !errors.Is(err, ErrLockLost) || !errors.Is(err, ErrShuttingDown) {
+		t.Fatalf("Do = %v, want fn's error joined with the loss", err)
+	}
+	err = New(Config{Address: startServer(t, &Server{})}).Do(context.Background(), "j", time.Minute,
+		func(ctx context.Context, token uint64) error { return nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestErrorsForEveryCode(t *testing.T) {
+	codes := []Code{0x01, 0x02, 0x05, 0x0f, 0x10, 0x11, 0x12, 0x13, 0x14, 0x15, 0x16, 0x17, 0x18, 0x19, 0x1f, 0xff}
+	for _, code := range codes {
+		t.Run(fmt.Sprintf("0x%02x", uint8(code)), func(t *testing.T) {
+			addr := fakeServer(t, func(c net.Conn) {
+				ReadFrame(c)
+				writeFrame(c, Frame{Type: TypeError, Code: code, Reason: "x"})
+			})
+			_, err := New(Config{Address: addr}).Acquire(context.Background(), "c", time.Second)
+			var se *ServerError
+			if !errors.As(err, &se) || se.Code != code || se.Temporary() != (code < 0x10) {
+				t.Fatalf("Acquire = %v, want *ServerError 0x%02x", err, uint8(code))
+			}
+			if sentinel := code.Err(); sentinel != nil && !errors.Is(err, sentinel) {
+				t.Fatalf("%v does not match %v", err, sentinel)
+			}
+			for _, other := range []error{ErrLockLost, ErrDial, ErrBusy, ErrConnectionClosed, ErrInvalidInput} {
+				if errors.Is(err, other) {
+					t.Fatalf("%v also matches %v", err, other)
+				}
+			}
+		})
+	}
+}
+
+func TestProtocolViolations(t *testing.T) {
+	acquired := []byte{TypeAcquired, 0, 0, 0, 0, 0, 0, 0, 1}
+	cat := func(parts ...[]byte) []byte { return []byte(strings.Join(toStrings(parts), "")) }
+	for _, tc := range []struct {
+		name           string
+		answer         []byte // right after the ACQUIRE
+		afterHeartbeat []byte
+	}{
+		{"garbage", []byte{0x7f, 0, 0}, nil},
+		{"client frame", []byte{TypeAcquire}, nil},
+		{"unsolicited WAITING", cat(acquired, []byte{TypeWaiting}), nil},
+		{"unsolicited ACQUIRED", cat(acquired, acquired), nil},
+		{"WAITING after ACQUIRED", acquired, []byte{TypeWaiting}},
+		{"another token", acquired, []byte{TypeAcquired, 0, 0, 0, 0, 0, 0, 0, 2}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			closed := make(chan struct{})
+			addr := fakeServer(t, func(c net.Conn) {
+				defer close(closed)
+				c.SetReadDeadline(time.Now().Add(wait))
+				ReadFrame(c)
+				c.Write(tc.answer)
+				if tc.afterHeartbeat != nil {
+					if _, err := ReadFrame(c); err != nil {
+						return
+					}
+					c.Write(tc.afterHeartbeat)
+				}
+				for { // until the client closes its side
+					if _, err := ReadFrame(c); err != nil {
+						return
+					}
+				}
+			})
+			l, err := New(Config{Address: addr}).Acquire(context.Background(), "v", 400*time.Millisecond)
+			if err == nil {
+				<-l.Done()
+				err = l.Err()
+			}
+			if !errors.Is(err, ErrProtocolViolation) {
+				t.Fatalf("got %v, want ErrProtocolViolation", err)
+			}
+			select {
+			case <-closed:
+			case <-time.After(wait):
+				t.Fatal("the client kept the connection open")
+			}
+		})
+	}
+}
+
+func toStrings(parts [][]byte) []string {
+	var s []string
+	for _, p := range parts {
+		s = append(s, string(p))
+	}
+	return s
+}
+
+func TestValidationBeforeDial(t *testing.T) {
+	dialed := false
+	c := New(Config{Address: "127.0.0.1:1", Dialer: dialerFunc(func(context.Context, string, string) (net.Conn, error) {
+		dialed = true
+		return nil, errors.New("dialed")
+	})})
+	for _, tc := range []struct {
+		name  string
+		lease time.Duration
+		want  error
+	}{
+		{"", time.Second, ErrEmptyName},
+		{strings.Repeat("x", 256), time.Second, ErrNameTooLong},
+		{"\xff", time.Second, ErrInvalidUTF8},
+		{"ok", 0, ErrBadLease},
+		{"ok", -time.Second, ErrBadLease},
+	} {
+		err := c.DoRetry(context.Background(), tc.name, tc.lease, func(context.Context, uint64) error { return nil })
+		if !errors.Is(err, tc.want) || !errors.Is(err, ErrInvalidInput) {
+			t.Errorf("%q, %v: %v, want %v", tc.name, tc.lease, err, tc.want)
+		}
+	}
+	if dialed {
+		t.Fatal("dialed with invalid input")
+	}
+}
+
+func TestDialErrorIsKeptAndMarked(t *testing.T) {
+	l, _ := net.Listen("tcp", "127.0.0.1:0")
+	addr := l.Addr().String()
+	l.Close() // nothing listens here now
+	_, err := New(Config{Address: addr}).Acquire(context.Background(), "d", time.Second)
+	var op *net.OpError
+	if !errors.Is(err, ErrDial) || !errors.As(err, &op) || op.Op != "dial" {
+		t.Fatalf("Acquire = %v, want the dial error marked ErrDial", err)
+	}
+	if errors.Is(err, ErrConnectionClosed) || errors.Is(err, ErrLockLost) {
+		t.Fatalf("%v matches more than ErrDial", err)
+	}
+}
+
+func TestDoRetry(t *testing.T) {
+	t.Run("refused dial, then a server", func(t *testing.T) {
+		l, _ := net.Listen("tcp", "127.0.0.1:0")
+		addr := l.Addr().String()
+		l.Close()
+		go func() {
+			time.Sleep(500 * time.Millisecond)
+			l, err := net.Listen("tcp", addr)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			srv := &Server{}
+			t.Cleanup(func() { srv.Close() })
+			srv.Serve(l)
+		}()
+		runs := 0
+		err := New(Config{Address: addr}).DoRetry(context.Background(), "r", time.Second,
+			func(context.Context, uint64) error { runs++; return nil })
+		if err != nil || runs != 1 {
+			t.Fatalf("DoRetry = %v after %d runs", err, runs)
+		}
+	})
+	t.Run("shutdown while queued, then a new server", func(t *testing.T) {
+		srv := &Server{}
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		addr := l.Addr().String()
+		go srv.Serve(l)
+		holder := dialRaw(t, addr)
+		holder.send(acquire("r", time.Minute))
+		holder.expectAcquired()
+		var attempts atomic.Int32
+		c := New(Config{Address: addr, Dialer: dialerFunc(func(ctx context.Context, n, a string) (net.Conn, error) {
+			attempts.Add(1)
+			return (&net.Dialer{}).DialContext(ctx, n, a)
+		})})
+		done := make(chan error, 1)
+		runs := 0
+		go func() {
+			done <- c.DoRetry(context.Background(), "r", time.Second, func(context.Context, uint64) error { runs++; return nil })
+		}()
+		waitFor(t, "the client to queue", func() bool {
+			srv.mu.Lock()
+			defer srv.mu.Unlock()
+			return srv.locks["r"] != nil && srv.locks["r"].waiters.Len() == 1
+		})
+		srv.Shutdown(context.Background()) // ERROR 0x01 to the queued client
+		srv2 := &Server{}
+		var l2 net.Listener
+		waitFor(t, "the address to be free", func() bool {
+			l2, err = net.Listen("tcp", addr)
+			return err == nil
+		})
+		go srv2.Serve(l2)
+		defer srv2.Close()
+		if err := <-done; err != nil || runs != 1 {
+			t.Fatalf("DoRetry = %v after %d runs", err, runs)
+		}
+		if attempts.Load() < 2 {
+			t.Fatalf("%d attempts", attempts.Load())
+		}
+	})
+	t.Run("client error stops at once", func(t *testing.T) {
+		var attempts atomic.Int32
+		addr := fakeServer(t, func(c net.Conn) {
+			attempts.Add(1)
+			ReadFrame(c)
+			writeFrame(c, Frame{Type: TypeError, Code: CodeEmptyName, Reason: "empty lock name"})
+		})
+		err := New(Config{Address: addr}).DoRetry(context.Background(), "x", time.Second,
+			func(context.Context, uint64) error { t.Error("fn ran"); return nil })
+		if !errors.Is(err, ErrEmptyName) || attempts.Load() != 1 {
+			t.Fatalf("DoRetry = %v after %d attempts, want 0x14 after one", err, attempts.Load())
+		}
+	})
+	t.Run("fn runs once even when the lock is lost", func(t *testing.T) {
+		srv := &Server{}
+		addr := startServer(t, srv)
+		runs := 0
+		err := New(Config{Address: addr}).DoRetry(context.Background(), "once", time.Second,
+			func(ctx context.Context, token uint64) error {
+				runs++
+				go srv.Shutdown(context.Background())
+				<-ctx.Done()
+				return nil
+			})
+		if !errors.Is(err, ErrLockLost) || runs != 1 {
+			t.Fatalf("DoRetry = %v after %d runs", err, runs)
+		}
+	})
+	t.Run("context ends during backoff", func(t *testing.T) {
+		l, _ := net.Listen("tcp", "127.0.0.1:0")
+		addr := l.Addr().String()
+		l.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+		defer cancel()
+		err := New(Config{Address: addr}).DoRetry(ctx, "r", time.Second, func(context.Context, uint64) error { return nil })
+		if !errors.Is(err, context.DeadlineExceeded) || errors.Is(err, ErrDial) {
+			t.Fatalf("DoRetry = %v, want only the context's deadline", err)
+		}
+	})
+}
