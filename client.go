@@ -86,7 +86,7 @@ func (c *Client) Do(ctx context.Context, name string, lease time.Duration, fn fu
 // end of ctx return at once. fn runs at most once.
 func (c *Client) DoRetry(ctx context.Context, name string, lease time.Duration, fn func(ctx context.Context, token uint64) error) error {
 	backoff := 100 * time.Millisecond
-	for {
+	for again := false; ; {
 		l, err := c.Acquire(ctx, name, lease)
 		if err == nil {
 			return l.run(ctx, fn)
@@ -94,13 +94,15 @@ func (c *Client) DoRetry(ctx context.Context, name string, lease time.Duration, 
 		var se *ServerError
 		isServerErr := errors.As(err, &se)
 		switch {
-		case isServerErr && se.Code == CodeShuttingDown:
+		case isServerErr && se.Code == CodeShuttingDown && !again:
+			again = true // at once, but only once in a row: a server may say it forever
 			continue
 		case isServerErr && se.Temporary(), errors.Is(err, ErrDial),
 			errors.Is(err, ErrConnectionClosed), errors.Is(err, ErrHeartbeatTimeout):
 		default:
 			return err
 		}
+		again = false
 		delay := backoff/2 + rand.N(backoff/2+1) // jitter keeps a crowd from retrying in step
 		backoff = min(2*backoff, 5*time.Second)
 		t := time.NewTimer(delay)

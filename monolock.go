@@ -36,6 +36,19 @@
 // its claim; pass the fencing token to the guarded resource and let it
 // refuse a token lower than one it has seen.
 //
+// # Holding a lock
+//
+//	client := monolock.New(monolock.Config{Address: "127.0.0.1:7070"})
+//	err := client.Do(ctx, "nightly-import", 10*time.Second,
+//		func(ctx context.Context, token uint64) error {
+//			return runImport(ctx, token) // stop when ctx is done; pass token on
+//		})
+//
+// Do waits in the queue, heartbeats while fn runs and releases when fn
+// returns. When fn's context is cancelled the lock is no longer confirmed
+// and fn must stop touching the resource. Acquire returns a *Lock for code
+// that cannot live inside a callback; DoRetry retries what may succeed later.
+//
 // # Serving
 //
 //	l, err := net.Listen("tcp", "127.0.0.1:7070")
