@@ -73,11 +73,13 @@ func (srv *Server) ioTimeout() time.Duration {
 	return DefaultIOTimeout
 }
 
-func (srv *Server) logger() *slog.Logger {
+var discard = slog.New(slog.DiscardHandler)
+
+func (srv *Server) log() *slog.Logger {
 	if srv.Logger != nil {
 		return srv.Logger
 	}
-	return slog.New(slog.DiscardHandler)
+	return discard
 }
 
 // initLocked allocates the maps on first use, so that the zero Server works.
@@ -122,7 +124,7 @@ func (srv *Server) Serve(l net.Listener) error {
 				return err
 			}
 			delay = min(max(2*delay, 5*time.Millisecond), time.Second)
-			srv.logger().Error("accept failed; retrying", "err", err, "retry_in", delay)
+			srv.log().Error("accept failed; retrying", "err", err, "retry_in", delay)
 			select {
 			case <-time.After(delay):
 			case <-done:
@@ -208,7 +210,21 @@ func (srv *Server) beginClose() []*session {
 // serve is the session's goroutine.
 func (s *session) serve() {
 	defer s.srv.wg.Done()
-	defer s.end()
+	why := s.run()
+	s.end()
+	if log := s.srv.log(); log.Enabled(context.Background(), slog.LevelDebug) {
+		log.Debug("session ended", "remote", s.conn.RemoteAddr().String(), "lock", s.name, "why", why)
+	}
+}
+
+// Why a session ended, besides the errors it sent and the I/O errors.
+var (
+	errExpired   = errors.New("silent for longer than its lease")
+	errIOTimeout = errors.New("io-timeout")
+)
+
+// run reads and answers frames until the session ends, and says why.
+func (s *session) run() error {
 	srv := s.srv
 	r := bufio.NewReaderSize(s.conn, 64) // an ACQUIRE with a short name in one read
 	ioTimeout := srv.ioTimeout()
@@ -220,47 +236,54 @@ func (s *session) serve() {
 		// it sets a past deadline, so either this sees closing or Shutdown's
 		// deadline overrides ours.
 		if srv.closing.Load() {
-			s.fail(ErrShuttingDown)
-			return
+			return s.fail(ErrShuttingDown)
 		}
 		typ, err := r.ReadByte()
-		if err != nil {
-			if srv.closing.Load() {
-				s.fail(ErrShuttingDown)
-			}
-			return // EOF, reset, lease expiry or first-frame io-timeout
+		switch {
+		case err == nil:
+		case srv.closing.Load():
+			return s.fail(ErrShuttingDown)
+		case isTimeout(err) && lease != 0:
+			return errExpired
+		case isTimeout(err):
+			return errIOTimeout
+		default:
+			return err // EOF or reset: the client is gone
 		}
 		seen := time.Now() // lastSeenAt, if the frame turns out valid
 		switch {
 		case typ == TypeHeartbeat && lease == 0:
-			s.fail(ErrAcquireFirst)
-			return
+			return s.fail(ErrAcquireFirst)
 		case typ == TypeHeartbeat:
-			if s.writeState() != nil {
-				return
+			if err := s.writeState(); err != nil {
+				return err
 			}
 		case typ == TypeAcquire && lease != 0:
-			s.fail(ErrDuplicateAcquire)
-			return
+			return s.fail(ErrDuplicateAcquire)
 		case typ == TypeAcquire:
 			s.conn.SetReadDeadline(time.Now().Add(ioTimeout))
 			f, err := readAcquire(r)
-			if err != nil {
-				s.fail(err) // sends nothing for an I/O error
-				return
+			if isTimeout(err) {
+				return errIOTimeout
+			} else if err != nil {
+				return s.fail(err)
 			}
 			seen = time.Now()
 			lease = time.Duration(f.LeaseMS) * time.Millisecond
 			s.name = f.Name
-			if srv.acquire(s) != nil {
-				return
+			if err := srv.acquire(s); err != nil {
+				return err
 			}
 		default:
-			s.fail(unknownType(typ))
-			return
+			return s.fail(unknownType(typ))
 		}
 		deadline = seen.Add(lease)
 	}
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
 }
 
 // acquire makes s the holder or the last waiter of its lock and writes the
@@ -377,15 +400,15 @@ func (s *session) writeAcquiredLocked(token uint64) error {
 	return s.writeLocked(b)
 }
 
-// fail sends the ERROR frame for err when err carries a code; the caller
-// then returns, which closes the connection.
-func (s *session) fail(err error) {
-	if _, ok := codeOf(err); !ok {
-		return
+// fail sends the ERROR frame for err when err carries a code, and returns
+// err; the session then ends, which closes the connection.
+func (s *session) fail(err error) error {
+	if _, ok := codeOf(err); ok {
+		s.wmu.Lock()
+		defer s.wmu.Unlock()
+		s.writeErrorLocked(err)
 	}
-	s.wmu.Lock()
-	defer s.wmu.Unlock()
-	s.writeErrorLocked(err)
+	return err
 }
 
 func (s *session) writeErrorLocked(err error) error {
