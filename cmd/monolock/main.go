@@ -24,8 +24,19 @@ import (
 )
 
 func main() {
-	os.Exit(serve(os.Args[1:], os.Stdout, os.Stderr))
+	args := os.Args[1:]
+	if len(args) > 0 && args[0] == "run" {
+		os.Exit(runMain(args[1:], os.Stdout, os.Stderr))
+	}
+	os.Exit(serve(args, os.Stdout, os.Stderr))
 }
+
+const serveUsage = `Usage: monolock [flags]            serve locks
+       monolock run [flags] NAME -- COMMAND [ARGS...]
+                                  hold a lock around a command (monolock run -h)
+
+Flags (a flag beats its environment variable, which beats the default):
+`
 
 // serve runs the server until a signal and returns the exit status.
 func serve(args []string, stdout, stderr io.Writer) int {
@@ -43,8 +54,12 @@ func serve(args []string, stdout, stderr io.Writer) int {
 		"log-level":  "MONOLOCK_LOG_LEVEL",
 		"log-format": "MONOLOCK_LOG_FORMAT",
 	}
-	if code, ok := parse(fs, args, envs, stdout, stderr); !ok {
+	if code, ok := parse(fs, args, envs, serveUsage, stdout, stderr); !ok {
 		return code
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "monolock: unexpected argument %q (see monolock -h)\n", fs.Arg(0))
+		return 2
 	}
 	if *ioTimeout <= 0 {
 		fmt.Fprintf(stderr, "monolock: -io-timeout must be positive, got %v\n", *ioTimeout)
@@ -88,8 +103,9 @@ func serve(args []string, stdout, stderr io.Writer) int {
 }
 
 // parse applies the environment, then the command line, to fs. It returns
-// ok, or the exit status: 0 after -h, 2 after a one-line error.
-func parse(fs *flag.FlagSet, args []string, envs map[string]string, stdout, stderr io.Writer) (int, bool) {
+// ok, or the exit status: 0 after -h (usage and the flags on stdout), 2
+// after a one-line error.
+func parse(fs *flag.FlagSet, args []string, envs map[string]string, usage string, stdout, stderr io.Writer) (int, bool) {
 	fs.SetOutput(io.Discard) // errors are reported in one line below
 	fs.Usage = func() {}
 	for name, env := range envs {
@@ -104,16 +120,12 @@ func parse(fs *flag.FlagSet, args []string, envs map[string]string, stdout, stde
 	}
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
-			fmt.Fprintf(stdout, "Usage: %s [flags]\n\nFlags (a flag beats its environment variable, which beats the default):\n", fs.Name())
+			fmt.Fprint(stdout, usage)
 			fs.SetOutput(stdout)
 			fs.PrintDefaults()
 			return 0, false
 		}
 		fmt.Fprintf(stderr, "%s: %v (see %s -h)\n", fs.Name(), err, fs.Name())
-		return 2, false
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "%s: unexpected argument %q (see %s -h)\n", fs.Name(), fs.Arg(0), fs.Name())
 		return 2, false
 	}
 	return 0, true

@@ -1,0 +1,250 @@
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"os/signal"
+	"strconv"
+	"syscall"
+	"time"
+
+	"monolock"
+)
+
+// Exit statuses of monolock run when COMMAND did not decide it.
+const (
+	exitUsage       = 2
+	exitRefused     = 65
+	exitUnreachable = 69
+	exitLost        = 70
+	exitTimeout     = 73
+	exitBusy        = 75
+	exitCannotRun   = 126
+	exitNotFound    = 127
+)
+
+const runUsage = `Usage: monolock run [flags] NAME -- COMMAND [ARGS...]
+
+Waits for the lock NAME, runs COMMAND while holding it, and releases it when
+COMMAND exits. COMMAND runs directly (no shell) in its own process group,
+with MONOLOCK_LOCK, MONOLOCK_TOKEN and MONOLOCK_ADDRESS in its environment.
+SIGINT and SIGTERM are forwarded to it; the lock is held until it exits. If
+the lock is lost while it runs, its process group gets SIGTERM, then SIGKILL
+after -grace.
+
+Exit status:
+  COMMAND's own   it ran and the lock was held throughout (128+N if signal N killed it)
+  2               bad flags or arguments
+  65              the server refused the request (a client error code), or the
+                  name or lease is invalid; never retried
+  69              could not connect, or the connection ended before the grant
+  70              the lock was lost while COMMAND ran
+  73              -wait ran out before the grant
+  75              -n and the lock is busy (set another with -E, as in flock)
+  126, 127        COMMAND could not be run, or was not found
+  128+N           signal N arrived before COMMAND started
+
+Flags (a flag beats its environment variable, which beats the default):
+`
+
+func runMain(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("monolock run", flag.ContinueOnError)
+	addr := fs.String("addr", "127.0.0.1:7070", "server `address`")
+	lease := fs.Duration("lease", 10*time.Second, "lease: how fast the server detects that this process died")
+	wait := fs.Duration("wait", 0, "give up if not granted within this `duration` (0: wait forever)")
+	var nonblock bool
+	fs.BoolVar(&nonblock, "n", false, "do not wait: give up at once if the lock is busy")
+	fs.BoolVar(&nonblock, "nonblock", false, "same as -n")
+	busyCode := fs.Int("E", exitBusy, "exit `status` when the lock is busy with -n")
+	grace := fs.Duration("grace", 10*time.Second, "after a lost lock, SIGKILL this long after SIGTERM")
+	tlsCA := fs.String("tls-ca", "", "PEM `file` of the CAs that sign the server's certificate (enables TLS)")
+	tlsCert := fs.String("tls-cert", "", "PEM `file` of this client's certificate, for mutual TLS")
+	tlsKey := fs.String("tls-key", "", "PEM `file` of the key of -tls-cert")
+	tlsName := fs.String("tls-server-name", "", "`name` to verify the server's certificate against (default: the host of -addr)")
+	envs := map[string]string{"addr": "MONOLOCK_ADDRESS"}
+	if code, ok := parse(fs, args, envs, runUsage, stdout, stderr); !ok {
+		return code
+	}
+	usageErr := func(format string, a ...any) int {
+		fmt.Fprintf(stderr, "monolock run: "+format+" (see monolock run -h)\n", a...)
+		return exitUsage
+	}
+	rest := fs.Args()
+	switch {
+	case len(rest) > 1 && rest[1] == "--":
+		rest = append(rest[:1], rest[2:]...)
+	case len(rest) > 1 && len(rest[1]) > 1 && rest[1][0] == '-':
+		return usageErr("flags go before NAME; after it comes -- COMMAND")
+	}
+	if len(rest) < 2 {
+		return usageErr("want NAME -- COMMAND [ARGS...]")
+	}
+	name, command := rest[0], rest[1:]
+	switch {
+	case *busyCode < 0 || *busyCode > 255:
+		return usageErr("-E must be an exit status from 0 to 255")
+	case *wait < 0:
+		return usageErr("-wait must not be negative")
+	case *grace < 0:
+		return usageErr("-grace must not be negative")
+	case (*tlsCert == "") != (*tlsKey == ""):
+		return usageErr("-tls-cert and -tls-key go together")
+	}
+	if err := monolock.ValidateLease(*lease); err != nil {
+		return usageErr("-lease: %v", err)
+	}
+	dialer, err := runDialer(*tlsCA, *tlsCert, *tlsKey, *tlsName)
+	if err != nil {
+		return usageErr("%v", err)
+	}
+
+	sigs := make(chan os.Signal, 4)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
+	defer signal.Stop(sigs)
+
+	// Waiting: until granted, -wait, or a signal.
+	ctx, cancel := context.WithCancelCause(context.Background())
+	defer cancel(nil)
+	if *wait > 0 {
+		var stop context.CancelFunc
+		ctx, stop = context.WithTimeoutCause(ctx, *wait, errWaitTimeout)
+		defer stop()
+	}
+	var sig os.Signal
+	waited := make(chan struct{})
+	go func() {
+		defer close(waited)
+		select {
+		case sig = <-sigs:
+			cancel(errSignal)
+		case <-ctx.Done():
+		}
+	}()
+	client := monolock.New(monolock.Config{Address: *addr, Dialer: dialer})
+	acquire := client.Acquire
+	if nonblock {
+		acquire = client.TryAcquire
+	}
+	l, err := acquire(ctx, name, *lease)
+	cancel(nil)
+	<-waited
+	if err == nil && sig != nil { // granted as the signal came: do not start COMMAND
+		l.Release()
+		err = errSignal
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "monolock run: %q not acquired: %v\n", name, err)
+		var se *monolock.ServerError
+		switch {
+		case errors.Is(err, errSignal):
+			return 128 + int(sig.(syscall.Signal))
+		case errors.Is(err, errWaitTimeout):
+			return exitTimeout
+		case errors.Is(err, monolock.ErrBusy):
+			return *busyCode
+		case errors.Is(err, monolock.ErrInvalidInput), errors.As(err, &se) && !se.Temporary():
+			return exitRefused
+		}
+		return exitUnreachable
+	}
+	defer l.Release()
+	return runLocked(l, *addr, command, sigs, *grace, stderr)
+}
+
+var (
+	errWaitTimeout = errors.New("-wait ran out")
+	errSignal      = errors.New("signal")
+)
+
+// runLocked runs command while l is held and returns monolock run's status.
+func runLocked(l *monolock.Lock, addr string, command []string, sigs <-chan os.Signal, grace time.Duration, stderr io.Writer) int {
+	cmd := exec.Command(command[0], command[1:]...)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
+	cmd.Env = append(os.Environ(),
+		"MONOLOCK_LOCK="+l.Name(),
+		"MONOLOCK_TOKEN="+strconv.FormatUint(l.Token(), 10),
+		"MONOLOCK_ADDRESS="+addr)
+	// Its own process group, so that a lost lock stops its children too.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		fmt.Fprintf(stderr, "monolock run: %v\n", err)
+		if errors.Is(err, exec.ErrNotFound) || errors.Is(err, os.ErrNotExist) {
+			return exitNotFound
+		}
+		return exitCannotRun
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	group := -cmd.Process.Pid
+
+	lost := l.Done()
+	var kill <-chan time.Time
+	for {
+		select {
+		case err := <-exited:
+			if l.Err() != nil { // lost: COMMAND's status says nothing of the lock
+				return exitLost
+			}
+			return exitStatus(err)
+		case s := <-sigs:
+			syscall.Kill(group, s.(syscall.Signal))
+		case <-lost:
+			lost = nil
+			fmt.Fprintf(stderr, "monolock run: lock %q lost while %s ran: %v; sending SIGTERM, SIGKILL in %v\n",
+				l.Name(), command[0], l.Err(), grace)
+			syscall.Kill(group, syscall.SIGTERM)
+			kill = time.After(grace)
+		case <-kill:
+			syscall.Kill(group, syscall.SIGKILL)
+		}
+	}
+}
+
+// exitStatus is the status a shell would report for the command.
+func exitStatus(err error) int {
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) {
+		if err != nil {
+			return exitCannotRun
+		}
+		return 0
+	}
+	if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+		return 128 + int(ws.Signal())
+	}
+	return ee.ExitCode()
+}
+
+// runDialer returns a plain dialer, or a TLS one when any TLS file is given.
+func runDialer(caFile, certFile, keyFile, serverName string) (monolock.Dialer, error) {
+	if caFile == "" && certFile == "" && serverName == "" {
+		return &net.Dialer{}, nil
+	}
+	cfg := &tls.Config{ServerName: serverName, MinVersion: tls.VersionTLS12}
+	if caFile != "" {
+		pem, err := os.ReadFile(caFile)
+		if err != nil {
+			return nil, fmt.Errorf("-tls-ca: %w", err)
+		}
+		cfg.RootCAs = x509.NewCertPool()
+		if !cfg.RootCAs.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("-tls-ca: no PEM certificate in %s", caFile)
+		}
+	}
+	if certFile != "" {
+		cert, err := tls.LoadX509KeyPair(certFile, keyFile)
+		if err != nil {
+			return nil, fmt.Errorf("-tls-cert, -tls-key: %w", err)
+		}
+		cfg.Certificates = []tls.Certificate{cert}
+	}
+	return &tls.Dialer{Config: cfg}, nil
+}

@@ -1,0 +1,238 @@
+package main
+
+import (
+	"bytes"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"monolock"
+)
+
+// runProc is a `monolock run` in the background.
+type runProc struct {
+	cmd    *exec.Cmd
+	stderr bytes.Buffer
+	done   chan struct{}
+}
+
+func startRun(t *testing.T, args ...string) *runProc {
+	t.Helper()
+	p := &runProc{cmd: exec.Command(binary, append([]string{"run"}, args...)...), done: make(chan struct{})}
+	p.cmd.Stderr = &p.stderr
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		p.cmd.Wait()
+		close(p.done)
+	}()
+	t.Cleanup(func() { p.cmd.Process.Kill() })
+	return p
+}
+
+// status waits for the exit status, for at most d.
+func (p *runProc) status(t *testing.T, d time.Duration) int {
+	t.Helper()
+	select {
+	case <-p.done:
+		return p.cmd.ProcessState.ExitCode()
+	case <-time.After(d):
+		t.Fatalf("monolock run still running after %v; stderr:\n%s", d, p.stderr.String())
+		return -1
+	}
+}
+
+func runSync(t *testing.T, args ...string) (int, string) {
+	t.Helper()
+	p := startRun(t, args...)
+	code := p.status(t, 30*time.Second)
+	return code, p.stderr.String()
+}
+
+func waitForFile(t *testing.T, path, text string) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		b, _ := os.ReadFile(path)
+		if strings.Contains(string(b), text) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s never contained %q: %q", path, text, b)
+		}
+	}
+}
+
+func TestRunNeverOverlaps(t *testing.T) {
+	s := start(t, nil)
+	log := filepath.Join(t.TempDir(), "log")
+	script := `echo "start $MONOLOCK_TOKEN $MONOLOCK_LOCK $MONOLOCK_ADDRESS" >> "$0"; sleep 0.1; echo "end $MONOLOCK_TOKEN" >> "$0"`
+	var wg sync.WaitGroup
+	for range 2 {
+		wg.Go(func() {
+			for range 3 {
+				if code, stderr := runSync(t, "-addr", s.addr, "nightly", "--", "sh", "-c", script, log); code != 0 {
+					t.Errorf("exit %d: %s", code, stderr)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	b, _ := os.ReadFile(log)
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	if len(lines) != 12 {
+		t.Fatalf("%d lines:\n%s", len(lines), b)
+	}
+	var last uint64
+	for i := 0; i < len(lines); i += 2 {
+		start, end := strings.Fields(lines[i]), strings.Fields(lines[i+1])
+		if len(start) != 4 || start[0] != "start" || start[2] != "nightly" || start[3] != s.addr ||
+			len(end) != 2 || end[0] != "end" || end[1] != start[1] {
+			t.Fatalf("runs overlap or lack their environment:\n%s", b)
+		}
+		token, err := strconv.ParseUint(start[1], 10, 64)
+		if err != nil || token <= last {
+			t.Fatalf("token %s after %d:\n%s", start[1], last, b)
+		}
+		last = token
+	}
+}
+
+func TestRunNonblockAndWait(t *testing.T) {
+	s := start(t, nil)
+	dial(t, s.addr, "busy") // held for the whole test
+	begin := time.Now()
+	if code, stderr := runSync(t, "-addr", s.addr, "-n", "busy", "--", "true"); code != exitBusy || !strings.Contains(stderr, "busy") {
+		t.Fatalf("-n on a busy lock: exit %d, %q; want %d", code, stderr, exitBusy)
+	}
+	if code, _ := runSync(t, "-addr", s.addr, "-nonblock", "-E", "1", "busy", "--", "true"); code != 1 {
+		t.Fatalf("-E 1: exit %d", code)
+	}
+	if d := time.Since(begin); d > 5*time.Second {
+		t.Fatalf("-n took %v", d)
+	}
+	begin = time.Now()
+	if code, _ := runSync(t, "-addr", s.addr, "-wait", "300ms", "busy", "--", "true"); code != exitTimeout {
+		t.Fatalf("-wait: exit %d, want %d", code, exitTimeout)
+	}
+	if d := time.Since(begin); d < 300*time.Millisecond {
+		t.Fatalf("-wait 300ms gave up after %v", d)
+	}
+	if code, _ := runSync(t, "-addr", s.addr, "-n", "free", "--", "true"); code != 0 {
+		t.Fatalf("-n on a free lock: exit %d", code)
+	}
+}
+
+func TestRunExitStatus(t *testing.T) {
+	s := start(t, nil)
+	for _, tc := range []struct {
+		command []string
+		want    int
+	}{
+		{[]string{"true"}, 0},
+		{[]string{"sh", "-c", "exit 7"}, 7},
+		{[]string{"sh", "-c", "kill -KILL $$"}, 128 + 9},
+		{[]string{"/no/such/command"}, exitNotFound},
+	} {
+		args := append([]string{"-addr", s.addr, "status", "--"}, tc.command...)
+		if code, stderr := runSync(t, args...); code != tc.want {
+			t.Errorf("%v: exit %d, want %d; %s", tc.command, code, tc.want, stderr)
+		}
+	}
+}
+
+func TestRunRefusedAndUnreachable(t *testing.T) {
+	s := start(t, nil)
+	if code, _ := runSync(t, "-addr", s.addr, strings.Repeat("n", 300), "--", "true"); code != exitRefused {
+		t.Errorf("300-byte name: exit %d, want %d", code, exitRefused)
+	}
+	// A server that refuses with a client error code: one attempt, no retry.
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	var conns atomic.Int32
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			conns.Add(1)
+			monolock.ReadFrame(c)
+			b, _ := monolock.Frame{Type: monolock.TypeError, Code: monolock.CodeNotAuthorized, Reason: "not authorized for lock"}.AppendBinary(nil)
+			c.Write(b)
+			c.Close()
+		}
+	}()
+	if code, stderr := runSync(t, "-addr", l.Addr().String(), "x", "--", "true"); code != exitRefused || conns.Load() != 1 {
+		t.Errorf("0x18: exit %d after %d connections, want %d after one; %s", code, conns.Load(), exitRefused, stderr)
+	}
+	l2, _ := net.Listen("tcp", "127.0.0.1:0")
+	closed := l2.Addr().String()
+	l2.Close()
+	if code, _ := runSync(t, "-addr", closed, "x", "--", "true"); code != exitUnreachable {
+		t.Errorf("nothing listening: exit %d, want %d", code, exitUnreachable)
+	}
+	if code, stderr := runSync(t, "x"); code != exitUsage || strings.Count(stderr, "\n") != 1 {
+		t.Errorf("no command: exit %d, %q", code, stderr)
+	}
+	if code, _ := runSync(t, "x", "-n", "--", "true"); code != exitUsage {
+		t.Errorf("flag after NAME: exit %d", code)
+	}
+}
+
+func TestRunLostLockStopsTheCommand(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		script string
+		grace  string
+	}{
+		{"SIGTERM", `trap 'echo TERM >> "$0"; exit 0' TERM; echo started >> "$0"; while :; do sleep 0.05; done`, "10s"},
+		{"SIGKILL after the grace", `trap '' TERM; echo started >> "$0"; while :; do sleep 0.05; done`, "300ms"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := start(t, nil)
+			log := filepath.Join(t.TempDir(), "log")
+			p := startRun(t, "-addr", s.addr, "-lease", "1s", "-grace", tc.grace, "lost", "--", "sh", "-c", tc.script, log)
+			waitForFile(t, log, "started")
+			s.cmd.Process.Signal(syscall.SIGKILL) // the server dies
+			if code := p.status(t, 30*time.Second); code != exitLost {
+				t.Fatalf("exit %d, want %d; stderr: %s", code, exitLost, p.stderr.String())
+			}
+			if !strings.Contains(p.stderr.String(), "lost") {
+				t.Errorf("stderr does not say the lock was lost: %q", p.stderr.String())
+			}
+			if tc.name == "SIGTERM" {
+				waitForFile(t, log, "TERM")
+			}
+		})
+	}
+}
+
+func TestRunForwardsSignals(t *testing.T) {
+	s := start(t, nil)
+	log := filepath.Join(t.TempDir(), "log")
+	script := `trap 'echo INT >> "$0"; sleep 0.3; exit 3' INT; echo started >> "$0"; while :; do sleep 0.05; done`
+	p := startRun(t, "-addr", s.addr, "fwd", "--", "sh", "-c", script, log)
+	waitForFile(t, log, "started")
+	p.cmd.Process.Signal(syscall.SIGINT)
+	// The lock is held until the command exits: a waiter queues meanwhile.
+	_, f := dial(t, s.addr, "fwd")
+	if f.Type != monolock.TypeWaiting {
+		t.Fatalf("waiter got %+v while the command winds down", f)
+	}
+	if code := p.status(t, 30*time.Second); code != 3 {
+		t.Fatalf("exit %d, want the command's 3; stderr: %s", code, p.stderr.String())
+	}
+	waitForFile(t, log, "INT")
+}
