@@ -4,12 +4,15 @@ import (
 	"bufio"
 	"container/list"
 	"context"
+	"crypto/tls"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net"
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 )
 
 // DefaultIOTimeout is the io-timeout of a Server whose IOTimeout is zero.
@@ -29,8 +32,16 @@ type Server struct {
 	// Logger receives diagnostics; nil discards them.
 	Logger *slog.Logger
 
+	// Authorize, if set, decides whether a client may acquire a lock; a
+	// refused ACQUIRE is answered with ERROR 0x18. identity is the one of
+	// the client's verified TLS certificate (see Identity), or empty. It
+	// is called from the session's goroutine with no lock held.
+	Authorize func(identity, lock string) bool
+
 	closing atomic.Bool
 	wg      sync.WaitGroup // one per session goroutine
+
+	tlsHandshakeErrors atomic.Uint64
 
 	mu        sync.Mutex // guards everything below; never held during I/O
 	locks     map[string]*lock
@@ -50,9 +61,10 @@ type lock struct {
 // the only one that removes it from the table; writes come from it and
 // from whoever promotes it, serialized by wmu.
 type session struct {
-	srv  *Server
-	conn net.Conn
-	name string // set before the session joins the table
+	srv      *Server
+	conn     net.Conn
+	identity string // from the client's certificate, set after the handshake
+	name     string // set before the session joins the table
 
 	lock *lock         // guarded by srv.mu
 	elem *list.Element // guarded by srv.mu; non-nil while waiting
@@ -229,6 +241,17 @@ func (s *session) run() error {
 	r := bufio.NewReaderSize(s.conn, 64) // an ACQUIRE with a short name in one read
 	ioTimeout := srv.ioTimeout()
 	var lease time.Duration // zero until the ACQUIRE is accepted
+	if tc, ok := s.conn.(*tls.Conn); ok {
+		// Explicitly, so that a client that stalls the handshake meets the
+		// io-timeout like any other, and the identity is known before the
+		// first frame.
+		tc.SetDeadline(time.Now().Add(ioTimeout))
+		if err := tc.Handshake(); err != nil {
+			srv.tlsHandshakeErrors.Add(1)
+			return fmt.Errorf("TLS handshake: %w", err)
+		}
+		s.identity = Identity(tc.ConnectionState())
+	}
 	deadline := time.Now().Add(ioTimeout)
 	for {
 		s.conn.SetReadDeadline(deadline)
@@ -268,6 +291,9 @@ func (s *session) run() error {
 			} else if err != nil {
 				return s.fail(err)
 			}
+			if srv.Authorize != nil && !srv.Authorize(s.identity, f.Name) {
+				return s.fail(fmt.Errorf("%w %q", ErrNotAuthorized, f.Name))
+			}
 			seen = time.Now()
 			lease = time.Duration(f.LeaseMS) * time.Millisecond
 			s.name = f.Name
@@ -279,6 +305,23 @@ func (s *session) run() error {
 		}
 		deadline = seen.Add(lease)
 	}
+}
+
+// Identity returns the client's identity from a TLS connection's state:
+// the first URI SAN of its verified certificate, else the first DNS SAN,
+// else the Common Name. Without a verified client certificate it is empty.
+func Identity(cs tls.ConnectionState) string {
+	if len(cs.VerifiedChains) == 0 || len(cs.PeerCertificates) == 0 {
+		return ""
+	}
+	cert := cs.PeerCertificates[0]
+	switch {
+	case len(cert.URIs) > 0:
+		return cert.URIs[0].String()
+	case len(cert.DNSNames) > 0:
+		return cert.DNSNames[0]
+	}
+	return cert.Subject.CommonName
 }
 
 func isTimeout(err error) bool {
@@ -415,7 +458,11 @@ func (s *session) writeErrorLocked(err error) error {
 	code, _ := codeOf(err)
 	reason := err.Error()
 	if len(reason) > MaxReasonLen {
-		reason = reason[:MaxReasonLen] // our reasons are ASCII
+		cut := MaxReasonLen
+		for !utf8.RuneStart(reason[cut]) {
+			cut-- // keep the reason valid UTF-8
+		}
+		reason = reason[:cut]
 	}
 	b, _ := Frame{Type: TypeError, Code: code, Reason: reason}.AppendBinary(nil)
 	return s.writeLocked(b)

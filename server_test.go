@@ -3,10 +3,15 @@ package monolock
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
 	"errors"
 	"io"
 	"net"
+	"net/url"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -547,4 +552,83 @@ func checkServerStream(t *testing.T, out []byte) {
 			t.Fatalf("server wrote a client frame %+v in %x", f, out)
 		}
 	}
+}
+
+func TestIdentityOrder(t *testing.T) {
+	uri, _ := url.Parse("spiffe://prod/worker/7")
+	for _, tc := range []struct {
+		cert *x509.Certificate
+		want string
+	}{
+		{&x509.Certificate{URIs: []*url.URL{uri}, DNSNames: []string{"w.example"}, Subject: pkix.Name{CommonName: "cn"}}, "spiffe://prod/worker/7"},
+		{&x509.Certificate{DNSNames: []string{"w.example", "x.example"}, Subject: pkix.Name{CommonName: "cn"}}, "w.example"},
+		{&x509.Certificate{Subject: pkix.Name{CommonName: "cn"}}, "cn"},
+		{&x509.Certificate{}, ""},
+	} {
+		verified := tls.ConnectionState{PeerCertificates: []*x509.Certificate{tc.cert}, VerifiedChains: [][]*x509.Certificate{{tc.cert}}}
+		if got := Identity(verified); got != tc.want {
+			t.Errorf("Identity = %q, want %q", got, tc.want)
+		}
+		// A certificate that was not verified names nobody.
+		if got := Identity(tls.ConnectionState{PeerCertificates: []*x509.Certificate{tc.cert}}); got != "" {
+			t.Errorf("unverified Identity = %q", got)
+		}
+	}
+}
+
+func TestAuthorizeHook(t *testing.T) {
+	var asked []string
+	var mu sync.Mutex
+	srv := &Server{Authorize: func(identity, lock string) bool {
+		mu.Lock()
+		defer mu.Unlock()
+		asked = append(asked, identity+"|"+lock)
+		return strings.HasPrefix(lock, "ok")
+	}}
+	addr := startServer(t, srv)
+	c := dialRaw(t, addr)
+	c.send(acquire("ok-1", time.Minute))
+	c.expectAcquired()
+
+	c = dialRaw(t, addr)
+	c.send(acquire("no", time.Minute))
+	c.expectError(CodeNotAuthorized)
+
+	// Checked last: a bad name is 0x16 whatever the rules say.
+	c = dialRaw(t, addr)
+	c.sendBytes([]byte{TypeAcquire, 1, 0, 0, 1, 0, 0, 1, 0xff})
+	c.expectError(CodeInvalidUTF8)
+
+	// A long multi-byte name in the reason is cut on a character boundary.
+	long := strings.Repeat("é", 127)
+	c = dialRaw(t, addr)
+	c.send(acquire(long, time.Minute))
+	f := c.expectError(CodeNotAuthorized)
+	if len(f.Reason) > MaxReasonLen || !utf8.ValidString(f.Reason) {
+		t.Fatalf("reason of %d bytes, valid UTF-8: %v", len(f.Reason), utf8.ValidString(f.Reason))
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(asked) != 3 || asked[0] != "|ok-1" {
+		t.Fatalf("Authorize asked %q", asked)
+	}
+}
+
+// A TLS client that never finishes its handshake is cut at the io-timeout,
+// and counted.
+func TestTLSHandshakeIsBounded(t *testing.T) {
+	const ioTimeout = 300 * time.Millisecond
+	srv := &Server{IOTimeout: ioTimeout}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := serveOn(t, srv, tls.NewListener(l, &tls.Config{}))
+	c := dialRaw(t, addr)
+	start := time.Now()
+	c.expectClosed(wait)
+	if d := time.Since(start); d < ioTimeout {
+		t.Fatalf("cut after %v, before the io-timeout", d)
+	}
+	waitFor(t, "the handshake failure to be counted", func() bool { return srv.tlsHandshakeErrors.Load() == 1 })
 }

@@ -4,11 +4,13 @@
 //
 // Every flag has an environment variable; a flag beats its variable, which
 // beats the default. SIGTERM or SIGINT shuts down gracefully (ERROR 0x01 to
-// every session, exit 0); a second signal exits at once.
+// every session, exit 0); a second signal exits at once. SIGHUP re-reads the
+// TLS files and the rules; a reload that fails keeps the previous ones.
 package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
@@ -48,11 +50,20 @@ func serve(args []string, stdout, stderr io.Writer) int {
 	fs.Var(&level, "log-level", "diagnostics `level`: debug, info (the default), warn or error")
 	format := choiceFlag{value: "text", choices: []string{"text", "json"}}
 	fs.Var(&format, "log-format", "diagnostics `format` on stderr: text or json")
+	var sec security
+	fs.StringVar(&sec.certFile, "tls-cert", "", "PEM `file` of the server's certificate: TLS on the protocol port")
+	fs.StringVar(&sec.keyFile, "tls-key", "", "PEM `file` of the key of -tls-cert")
+	fs.StringVar(&sec.clientCAFile, "tls-client-ca", "", "PEM `file` of the CAs of client certificates: mutual TLS")
+	fs.StringVar(&sec.aclFile, "acl-file", "", "JSON `file` of authorization rules (needs -tls-client-ca)")
 	envs := map[string]string{
-		"listen":     "MONOLOCK_LISTEN_ADDRESS",
-		"io-timeout": "MONOLOCK_IO_TIMEOUT",
-		"log-level":  "MONOLOCK_LOG_LEVEL",
-		"log-format": "MONOLOCK_LOG_FORMAT",
+		"listen":        "MONOLOCK_LISTEN_ADDRESS",
+		"io-timeout":    "MONOLOCK_IO_TIMEOUT",
+		"log-level":     "MONOLOCK_LOG_LEVEL",
+		"log-format":    "MONOLOCK_LOG_FORMAT",
+		"tls-cert":      "MONOLOCK_TLS_CERT",
+		"tls-key":       "MONOLOCK_TLS_KEY",
+		"tls-client-ca": "MONOLOCK_TLS_CLIENT_CA",
+		"acl-file":      "MONOLOCK_ACL_FILE",
 	}
 	if code, ok := parse(fs, args, envs, serveUsage, stdout, stderr); !ok {
 		return code
@@ -63,6 +74,14 @@ func serve(args []string, stdout, stderr io.Writer) int {
 	}
 	if *ioTimeout <= 0 {
 		fmt.Fprintf(stderr, "monolock: -io-timeout must be positive, got %v\n", *ioTimeout)
+		return 2
+	}
+	if err := sec.checkCombination(); err != nil {
+		fmt.Fprintf(stderr, "monolock: %v\n", err)
+		return 2
+	}
+	if err := sec.load(); err != nil {
+		fmt.Fprintf(stderr, "monolock: %v\n", err)
 		return 2
 	}
 
@@ -79,26 +98,44 @@ func serve(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	srv := &monolock.Server{IOTimeout: *ioTimeout, Logger: logger}
+	if sec.certFile != "" {
+		l = tls.NewListener(l, sec.listenerConfig())
+	}
+	if sec.aclFile != "" {
+		srv.Authorize = sec.authorize
+	}
 	sigs := make(chan os.Signal, 2)
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
+	hups := make(chan os.Signal, 1)
+	signal.Notify(hups, syscall.SIGHUP)
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(l) }()
-	logger.Info("serving", "listen", l.Addr().String(), "io_timeout", *ioTimeout)
+	logger.Info("serving", "listen", l.Addr().String(), "io_timeout", *ioTimeout,
+		"tls", sec.certFile != "", "mtls", sec.clientCAFile != "", "acl", sec.aclFile != "")
 
-	select {
-	case err := <-served:
-		logger.Error("listener failed", "err", err)
-		return 1
-	case sig := <-sigs:
-		logger.Info("shutting down", "signal", sig.String())
-		go func() {
-			sig := <-sigs
-			logger.Warn("second signal; exiting at once", "signal", sig.String())
-			os.Exit(1)
-		}()
-		srv.Shutdown(context.Background())
-		logger.Info("shut down")
-		return 0
+	for {
+		select {
+		case err := <-served:
+			logger.Error("listener failed", "err", err)
+			return 1
+		case <-hups:
+			// Open sessions keep their connections; new ones see the new files.
+			if err := sec.load(); err != nil {
+				logger.Error("reload failed; keeping the previous certificates and rules", "err", err)
+			} else {
+				logger.Info("reloaded certificates and rules")
+			}
+		case sig := <-sigs:
+			logger.Info("shutting down", "signal", sig.String())
+			go func() {
+				sig := <-sigs
+				logger.Warn("second signal; exiting at once", "signal", sig.String())
+				os.Exit(1)
+			}()
+			srv.Shutdown(context.Background())
+			logger.Info("shut down")
+			return 0
+		}
 	}
 }
 

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -37,10 +38,37 @@ func TestMain(m *testing.M) {
 
 // server is the binary running in the background.
 type server struct {
-	cmd    *exec.Cmd
-	addr   string
-	stderr *bytes.Buffer // everything after the "serving" line
-	done   chan error
+	cmd  *exec.Cmd
+	addr string
+	done chan error
+
+	mu     sync.Mutex
+	stderr bytes.Buffer // everything after the "serving" line
+}
+
+func (s *server) log() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.stderr.String()
+}
+
+// takeLog reports whether the log has text, and drops the log up to the
+// end of the line with the text, so that the next call sees only news.
+func (s *server) takeLog(text string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	log := s.stderr.String()
+	i := strings.Index(log, text)
+	if i < 0 {
+		return false
+	}
+	if nl := strings.IndexByte(log[i:], '\n'); nl >= 0 {
+		i += nl + 1
+	} else {
+		i = len(log)
+	}
+	s.stderr.Next(i)
+	return true
 }
 
 func start(t *testing.T, env []string, args ...string) *server {
@@ -54,7 +82,7 @@ func start(t *testing.T, env []string, args ...string) *server {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	s := &server{cmd: cmd, stderr: &bytes.Buffer{}, done: make(chan error, 1)}
+	s := &server{cmd: cmd, done: make(chan error, 1)}
 	lines := bufio.NewScanner(pipe)
 	addrRE := regexp.MustCompile(`listen"?[=:]"?([0-9.:]+)`)
 	for lines.Scan() {
@@ -69,7 +97,9 @@ func start(t *testing.T, env []string, args ...string) *server {
 	}
 	go func() {
 		for lines.Scan() {
+			s.mu.Lock()
 			s.stderr.WriteString(lines.Text() + "\n")
+			s.mu.Unlock()
 		}
 		s.done <- cmd.Wait()
 	}()
@@ -132,7 +162,7 @@ func TestServeHandoverAndGracefulShutdown(t *testing.T) {
 		t.Fatalf("holder got %+v, %v at shutdown", f, err)
 	}
 	if code := s.exitCode(t); code != 0 {
-		t.Fatalf("exit status %d after SIGTERM, want 0; stderr:\n%s", code, s.stderr)
+		t.Fatalf("exit status %d after SIGTERM, want 0; stderr:\n%s", code, s.log())
 	}
 }
 
@@ -157,25 +187,29 @@ func TestSecondSignalExitsAtOnce(t *testing.T) {
 	}
 }
 
-func TestFlagsAndEnvironment(t *testing.T) {
-	run := func(env []string, args ...string) (int, string, string) {
-		cmd := exec.Command(binary, args...)
-		cmd.Env = append(os.Environ(), env...)
-		var stdout, stderr bytes.Buffer
-		cmd.Stdout, cmd.Stderr = &stdout, &stderr
-		done := make(chan error, 1)
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		go func() { done <- cmd.Wait() }()
-		select {
-		case <-done:
-		case <-time.After(10 * time.Second):
-			cmd.Process.Kill()
-			t.Fatalf("monolock %v did not exit", args)
-		}
-		return cmd.ProcessState.ExitCode(), stdout.String(), stderr.String()
+// runBinary runs the binary to its end and returns its status and output.
+func runBinary(t *testing.T, env []string, args ...string) (int, string, string) {
+	t.Helper()
+	cmd := exec.Command(binary, args...)
+	cmd.Env = append(os.Environ(), env...)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	done := make(chan error, 1)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
 	}
+	go func() { done <- cmd.Wait() }()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		cmd.Process.Kill()
+		t.Fatalf("monolock %v did not exit", args)
+	}
+	return cmd.ProcessState.ExitCode(), stdout.String(), stderr.String()
+}
+
+func TestFlagsAndEnvironment(t *testing.T) {
+	run := func(env []string, args ...string) (int, string, string) { return runBinary(t, env, args...) }
 
 	code, out, _ := run(nil, "-h")
 	if code != 0 {
@@ -221,13 +255,13 @@ func TestFlagsAndEnvironment(t *testing.T) {
 	}
 	s.cmd.Process.Signal(syscall.SIGTERM)
 	s.exitCode(t)
-	if !strings.HasPrefix(s.stderr.String(), "{") {
-		t.Errorf("MONOLOCK_LOG_FORMAT=json gave %q", s.stderr)
+	if !strings.HasPrefix(s.log(), "{") {
+		t.Errorf("MONOLOCK_LOG_FORMAT=json gave %q", s.log())
 	}
 	s = start(t, []string{"MONOLOCK_LOG_FORMAT=json", "MONOLOCK_LISTEN_ADDRESS=256.0.0.1:1"}, "-log-format", "text")
 	s.cmd.Process.Signal(syscall.SIGTERM)
 	s.exitCode(t)
-	if !strings.HasPrefix(s.stderr.String(), "time=") {
-		t.Errorf("-log-format text did not beat the environment: %q", s.stderr)
+	if !strings.HasPrefix(s.log(), "time=") {
+		t.Errorf("-log-format text did not beat the environment: %q", s.log())
 	}
 }

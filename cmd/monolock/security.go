@@ -1,0 +1,191 @@
+package main
+
+import (
+	"bytes"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"sync/atomic"
+	"unicode/utf8"
+)
+
+// security holds what SIGHUP reloads: the protocol port's TLS
+// configuration and the authorization rules. A reload builds a complete
+// new state from the files and swaps it in only if every file was good.
+type security struct {
+	certFile, keyFile, clientCAFile, aclFile string
+
+	tls atomic.Pointer[tls.Config] // nil without -tls-cert
+	acl atomic.Pointer[acl]        // nil without -acl-file
+}
+
+// checkCombination rejects the flag combinations that cannot work.
+func (s *security) checkCombination() error {
+	switch {
+	case s.keyFile != "" && s.certFile == "":
+		return errors.New("-tls-key needs -tls-cert")
+	case s.certFile != "" && s.keyFile == "":
+		return errors.New("-tls-cert needs -tls-key")
+	case s.clientCAFile != "" && s.certFile == "":
+		return errors.New("-tls-client-ca needs -tls-cert")
+	case s.aclFile != "" && s.clientCAFile == "":
+		return errors.New("-acl-file needs -tls-client-ca: without client certificates there are no identities")
+	}
+	return nil
+}
+
+// load reads every file and, if all are good, makes them current.
+func (s *security) load() error {
+	var cfg *tls.Config
+	if s.certFile != "" {
+		cert, err := tls.LoadX509KeyPair(s.certFile, s.keyFile)
+		if err != nil {
+			return fmt.Errorf("-tls-cert, -tls-key: %w", err)
+		}
+		cfg = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+		if s.clientCAFile != "" {
+			pem, err := os.ReadFile(s.clientCAFile)
+			if err != nil {
+				return fmt.Errorf("-tls-client-ca: %w", err)
+			}
+			cfg.ClientCAs = x509.NewCertPool()
+			if !cfg.ClientCAs.AppendCertsFromPEM(pem) {
+				return fmt.Errorf("-tls-client-ca: no PEM certificate in %s", s.clientCAFile)
+			}
+			cfg.ClientAuth = tls.RequireAndVerifyClientCert
+		}
+	}
+	var rules *acl
+	if s.aclFile != "" {
+		f, err := os.Open(s.aclFile)
+		if err != nil {
+			return fmt.Errorf("-acl-file: %w", err)
+		}
+		rules, err = parseACL(f)
+		f.Close()
+		if err != nil {
+			return fmt.Errorf("-acl-file %s: %w", s.aclFile, err)
+		}
+	}
+	s.tls.Store(cfg)
+	s.acl.Store(rules)
+	return nil
+}
+
+// listenerConfig is the TLS configuration of the listener: every new
+// connection takes whatever configuration is current when it says hello.
+func (s *security) listenerConfig() *tls.Config {
+	return &tls.Config{
+		MinVersion: tls.VersionTLS12,
+		GetConfigForClient: func(*tls.ClientHelloInfo) (*tls.Config, error) {
+			return s.tls.Load(), nil
+		},
+	}
+}
+
+// authorize is the server's Authorize hook: deny by default.
+func (s *security) authorize(identity, lock string) bool {
+	return s.acl.Load().allows(identity, lock)
+}
+
+// acl is the authorization file: {"rules":[{"identity": GLOB, "locks": [GLOB, ...]}]}.
+type acl struct {
+	Rules []rule `json:"rules"`
+}
+
+type rule struct {
+	Identity string   `json:"identity"`
+	Locks    []string `json:"locks"`
+}
+
+// allows reports whether any rule whose identity glob matches identity has
+// a lock glob that matches lock.
+func (a *acl) allows(identity, lock string) bool {
+	for _, r := range a.Rules {
+		if !glob(r.Identity, identity) {
+			continue
+		}
+		for _, pattern := range r.Locks {
+			if glob(pattern, lock) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+func parseACL(r io.Reader) (*acl, error) {
+	data, err := io.ReadAll(r)
+	if err != nil {
+		return nil, err
+	}
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	var a acl
+	if err := dec.Decode(&a); err != nil {
+		return nil, fmt.Errorf("not a valid rules file: %w", err)
+	}
+	if dec.More() {
+		return nil, errors.New("not a valid rules file: more than one JSON value")
+	}
+	if a.Rules == nil {
+		return nil, errors.New(`no "rules" list`)
+	}
+	for i, r := range a.Rules {
+		switch {
+		case r.Identity == "":
+			return nil, fmt.Errorf("rule %d: empty identity", i+1)
+		case len(r.Locks) == 0:
+			return nil, fmt.Errorf("rule %d (identity %q): no lock patterns", i+1, r.Identity)
+		}
+		for j, p := range r.Locks {
+			if p == "" {
+				return nil, fmt.Errorf("rule %d (identity %q): lock pattern %d is empty", i+1, r.Identity, j+1)
+			}
+		}
+	}
+	return &a, nil
+}
+
+// glob reports whether the whole of s matches pattern, where * is any
+// run of characters (slashes included), ? is exactly one character (one
+// UTF-8 code point; a byte that is not UTF-8 counts as one), and every
+// other character stands for itself, case sensitive.
+//
+// It walks both strings once, remembering the last * to retry from: the
+// classic linear-space matcher, O(len(pattern) * len(s)) at worst.
+func glob(pattern, s string) bool {
+	p, i := 0, 0
+	starP, starI := -1, 0
+	for i < len(s) {
+		if p < len(pattern) {
+			pc, pw := utf8.DecodeRuneInString(pattern[p:])
+			_, sw := utf8.DecodeRuneInString(s[i:])
+			switch {
+			case pc == '*':
+				starP, starI = p, i
+				p += pw
+				continue
+			case pc == '?' || pattern[p:p+pw] == s[i:i+sw]:
+				p += pw
+				i += sw
+				continue
+			}
+		}
+		if starP < 0 {
+			return false
+		}
+		// Let the last * swallow one more character and try again.
+		_, sw := utf8.DecodeRuneInString(s[starI:])
+		starI += sw
+		p, i = starP+1, starI
+	}
+	for p < len(pattern) && pattern[p] == '*' {
+		p++
+	}
+	return p == len(pattern)
+}
