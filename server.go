@@ -9,6 +9,8 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -38,17 +40,33 @@ type Server struct {
 	// is called from the session's goroutine with no lock held.
 	Authorize func(identity, lock string) bool
 
+	// OnEvent, if set, is told of every grant, release, denial and
+	// administrative action, one call at a time, in the order the table
+	// changed: for one lock, a release always comes before the next grant.
+	// It runs on a goroutine of the server's, never under the table's
+	// mutex; while it is busy, events wait in memory.
+	OnEvent func(Event)
+
 	closing atomic.Bool
 	wg      sync.WaitGroup // one per session goroutine
+	eventWG sync.WaitGroup // the event goroutine, while there is one
 
-	tlsHandshakeErrors atomic.Uint64
+	accepted, acceptErrors, tlsHandshakeErrors atomic.Uint64
+	acquires, denials, heartbeats              atomic.Uint64
+	protocolErrors                             [256]atomic.Uint64 // by code sent
 
-	mu        sync.Mutex // guards everything below; never held during I/O
-	locks     map[string]*lock
-	sessions  map[*session]struct{}
-	listeners map[net.Listener]struct{}
-	lastToken uint64
-	done      chan struct{} // closed when shutdown begins
+	mu         sync.Mutex // guards everything below; never held during I/O
+	locks      map[string]*lock
+	sessions   map[*session]struct{}
+	listeners  map[net.Listener]struct{}
+	lastToken  uint64
+	done       chan struct{} // closed when shutdown begins
+	grants     uint64
+	releases   map[string]uint64 // by reason
+	waitTotal  time.Duration
+	holdTotal  time.Duration
+	events     []Event // not yet delivered
+	delivering bool    // an event goroutine runs
 }
 
 // lock exists only while it has a holder or waiters.
@@ -63,11 +81,15 @@ type lock struct {
 type session struct {
 	srv      *Server
 	conn     net.Conn
-	identity string // from the client's certificate, set after the handshake
-	name     string // set before the session joins the table
+	remote   string
+	identity string        // from the client's certificate, set after the handshake
+	name     string        // set before the session joins the table
+	lease    time.Duration // likewise
+	kicked   atomic.Bool   // by an administrator: end with ERROR 0x02
 
-	lock *lock         // guarded by srv.mu
-	elem *list.Element // guarded by srv.mu; non-nil while waiting
+	lock  *lock         // guarded by srv.mu
+	elem  *list.Element // guarded by srv.mu; non-nil while waiting
+	since time.Time     // guarded by srv.mu: queued at, then granted at
 
 	// token is the grant's fencing token, 0 while waiting. It is written
 	// under srv.mu and read under wmu, so a reply always reports the state
@@ -100,6 +122,7 @@ func (srv *Server) initLocked() {
 		srv.locks = make(map[string]*lock)
 		srv.sessions = make(map[*session]struct{})
 		srv.listeners = make(map[net.Listener]struct{})
+		srv.releases = make(map[string]uint64)
 		srv.done = make(chan struct{})
 	}
 }
@@ -135,6 +158,7 @@ func (srv *Server) Serve(l net.Listener) error {
 			if errors.Is(err, net.ErrClosed) {
 				return err
 			}
+			srv.acceptErrors.Add(1)
 			delay = min(max(2*delay, 5*time.Millisecond), time.Second)
 			srv.log().Error("accept failed; retrying", "err", err, "retry_in", delay)
 			select {
@@ -149,7 +173,8 @@ func (srv *Server) Serve(l net.Listener) error {
 }
 
 func (srv *Server) start(conn net.Conn) {
-	s := &session{srv: srv, conn: conn}
+	srv.accepted.Add(1)
+	s := &session{srv: srv, conn: conn, remote: conn.RemoteAddr().String()}
 	srv.mu.Lock()
 	if srv.closing.Load() {
 		srv.mu.Unlock()
@@ -178,6 +203,7 @@ func (srv *Server) Shutdown(ctx context.Context) error {
 	finished := make(chan struct{})
 	go func() {
 		srv.wg.Wait()
+		srv.eventWG.Wait() // the last releases reach OnEvent before Shutdown returns
 		close(finished)
 	}()
 	select {
@@ -223,10 +249,22 @@ func (srv *Server) beginClose() []*session {
 func (s *session) serve() {
 	defer s.srv.wg.Done()
 	why := s.run()
-	s.end()
+	s.end(why)
 	if log := s.srv.log(); log.Enabled(context.Background(), slog.LevelDebug) {
-		log.Debug("session ended", "remote", s.conn.RemoteAddr().String(), "lock", s.name, "why", why)
+		log.Debug("session ended", "remote", s.remote, "lock", s.name, "why", why)
 	}
+}
+
+// stopped returns the error to end the session with when the server is
+// shutting down or an administrator ended the session, and nil otherwise.
+func (s *session) stopped() error {
+	switch {
+	case s.srv.closing.Load():
+		return ErrShuttingDown
+	case s.kicked.Load():
+		return ErrClosedByAdmin
+	}
+	return nil
 }
 
 // Why a session ended, besides the errors it sent and the I/O errors.
@@ -255,17 +293,17 @@ func (s *session) run() error {
 	deadline := time.Now().Add(ioTimeout)
 	for {
 		s.conn.SetReadDeadline(deadline)
-		// Checked after setting the deadline: Shutdown sets closing before
-		// it sets a past deadline, so either this sees closing or Shutdown's
-		// deadline overrides ours.
-		if srv.closing.Load() {
-			return s.fail(ErrShuttingDown)
+		// Checked after setting the deadline: Shutdown and the administrator
+		// set their flag before they set a past deadline, so either this
+		// sees the flag or their deadline overrides ours.
+		if err := s.stopped(); err != nil {
+			return s.fail(err)
 		}
 		typ, err := r.ReadByte()
 		switch {
 		case err == nil:
-		case srv.closing.Load():
-			return s.fail(ErrShuttingDown)
+		case s.stopped() != nil:
+			return s.fail(s.stopped())
 		case isTimeout(err) && lease != 0:
 			return errExpired
 		case isTimeout(err):
@@ -278,6 +316,7 @@ func (s *session) run() error {
 		case typ == TypeHeartbeat && lease == 0:
 			return s.fail(ErrAcquireFirst)
 		case typ == TypeHeartbeat:
+			srv.heartbeats.Add(1)
 			if err := s.writeState(); err != nil {
 				return err
 			}
@@ -291,12 +330,18 @@ func (s *session) run() error {
 			} else if err != nil {
 				return s.fail(err)
 			}
+			s.name = f.Name
 			if srv.Authorize != nil && !srv.Authorize(s.identity, f.Name) {
+				srv.denials.Add(1)
+				srv.mu.Lock()
+				srv.emitLocked(Event{Type: EventDenied}, s)
+				srv.mu.Unlock()
 				return s.fail(fmt.Errorf("%w %q", ErrNotAuthorized, f.Name))
 			}
 			seen = time.Now()
 			lease = time.Duration(f.LeaseMS) * time.Millisecond
-			s.name = f.Name
+			s.lease = lease
+			srv.acquires.Add(1)
 			if err := srv.acquire(s); err != nil {
 				return err
 			}
@@ -346,11 +391,10 @@ func (srv *Server) acquire(s *session) error {
 		srv.locks[s.name] = l
 	}
 	s.lock = l
+	s.since = time.Now()
 	var token uint64
 	if l.holder == nil {
-		l.holder = s
-		token = srv.nextTokenLocked()
-		s.token.Store(token)
+		token = srv.grantLocked(l, s)
 	} else {
 		s.elem = l.waiters.PushBack(s)
 	}
@@ -362,6 +406,19 @@ func (srv *Server) acquire(s *session) error {
 		return s.writeLocked(append(s.wbuf[:0], TypeWaiting))
 	}
 	return s.writeAcquiredLocked(token)
+}
+
+// grantLocked makes s the holder of l with a fresh token.
+func (srv *Server) grantLocked(l *lock, s *session) uint64 {
+	now := time.Now()
+	wait := now.Sub(s.since)
+	l.holder, s.since = s, now
+	token := srv.nextTokenLocked()
+	s.token.Store(token)
+	srv.grants++
+	srv.waitTotal += wait
+	srv.emitLocked(Event{Type: EventGranted, Token: token, Wait: wait}, s)
+	return token
 }
 
 // nextTokenLocked returns the next fencing token: above every token this
@@ -381,7 +438,7 @@ func (srv *Server) nextTokenLocked() uint64 {
 // head waiter, whose goroutine is busy with its own reads, by pushing
 // ACQUIRED from here. Closing s waits until after the push: the table
 // already says who holds, and the waiter should not wait for a syscall.
-func (s *session) end() {
+func (s *session) end(why error) {
 	defer s.conn.Close()
 	srv := s.srv
 	srv.mu.Lock()
@@ -391,12 +448,14 @@ func (s *session) end() {
 	if l := s.lock; l != nil {
 		if l.holder == s {
 			l.holder = nil
+			held, reason := time.Since(s.since), releaseReason(why)
+			srv.releases[reason]++
+			srv.holdTotal += held
+			srv.emitLocked(Event{Type: EventReleased, Token: s.token.Load(), Held: held, Reason: reason}, s)
 			if front := l.waiters.Front(); front != nil && !srv.closing.Load() {
 				next = l.waiters.Remove(front).(*session)
 				next.elem = nil
-				l.holder = next
-				token = srv.nextTokenLocked()
-				next.token.Store(token)
+				token = srv.grantLocked(l, next)
 			}
 		} else {
 			l.waiters.Remove(s.elem)
@@ -410,6 +469,26 @@ func (s *session) end() {
 	if next != nil {
 		next.push(token)
 	}
+}
+
+// The reasons of a release.
+const (
+	ReasonGraceful  = "graceful"   // the client closed, broke the protocol, or the server shut down
+	ReasonExpired   = "expired"    // silent for longer than its lease
+	ReasonIOTimeout = "io_timeout" // a frame or a write took longer than the io-timeout
+	ReasonForce     = "force"      // an administrator's ForceRelease
+)
+
+func releaseReason(why error) string {
+	switch {
+	case errors.Is(why, ErrClosedByAdmin):
+		return ReasonForce
+	case errors.Is(why, errExpired):
+		return ReasonExpired
+	case errors.Is(why, errIOTimeout), isTimeout(why):
+		return ReasonIOTimeout
+	}
+	return ReasonGraceful
 }
 
 // push sends the promotion's ACQUIRED. A waiter that cannot take it is
@@ -446,7 +525,8 @@ func (s *session) writeAcquiredLocked(token uint64) error {
 // fail sends the ERROR frame for err when err carries a code, and returns
 // err; the session then ends, which closes the connection.
 func (s *session) fail(err error) error {
-	if _, ok := codeOf(err); ok {
+	if code, ok := codeOf(err); ok {
+		s.srv.protocolErrors[code].Add(1)
 		s.wmu.Lock()
 		defer s.wmu.Unlock()
 		s.writeErrorLocked(err)
@@ -472,4 +552,212 @@ func (s *session) writeLocked(b []byte) error {
 	s.conn.SetWriteDeadline(time.Now().Add(s.srv.ioTimeout()))
 	_, err := s.conn.Write(b)
 	return err
+}
+
+// Event is what OnEvent is told. Type says which of the fields are set.
+type Event struct {
+	Type       string // one of the Event constants
+	Time       time.Time
+	Lock       string
+	Identity   string // of the session the event is about
+	RemoteAddr string
+	Token      uint64        // granted, released, force_release
+	Wait       time.Duration // granted: time in the queue
+	Held       time.Duration // released: time held
+	Reason     string        // released: one of the Reason constants
+}
+
+// The types of events.
+const (
+	EventGranted      = "granted"
+	EventReleased     = "released"
+	EventDenied       = "denied"        // Authorize refused an ACQUIRE
+	EventForceRelease = "force_release" // ForceRelease; the release follows
+	EventKickWaiter   = "kick_waiter"
+)
+
+// emitLocked queues ev, about s, for OnEvent. Queued under the table's
+// mutex, events keep the order of the changes; one goroutine at a time
+// delivers them, outside it.
+func (srv *Server) emitLocked(ev Event, s *session) {
+	if srv.OnEvent == nil {
+		return
+	}
+	ev.Time, ev.Lock, ev.Identity, ev.RemoteAddr = time.Now(), s.name, s.identity, s.remote
+	srv.events = append(srv.events, ev)
+	if !srv.delivering {
+		srv.delivering = true
+		srv.eventWG.Add(1)
+		go srv.deliver()
+	}
+}
+
+func (srv *Server) deliver() {
+	defer srv.eventWG.Done()
+	for {
+		srv.mu.Lock()
+		batch := srv.events
+		srv.events = nil
+		if len(batch) == 0 {
+			srv.delivering = false
+			srv.mu.Unlock()
+			return
+		}
+		srv.mu.Unlock()
+		for _, ev := range batch {
+			srv.OnEvent(ev)
+		}
+	}
+}
+
+// Stats are the server's counters and gauges at one moment.
+type Stats struct {
+	Connections int // open connections, with or without a lock
+	LocksHeld   int
+	Waiters     int
+
+	ConnectionsAccepted uint64
+	AcceptErrors        uint64
+	TLSHandshakeErrors  uint64
+	Acquires            uint64 // valid, authorized ACQUIREs: granted or queued
+	Denials             uint64 // ACQUIREs that Authorize refused
+	Heartbeats          uint64
+	Grants              uint64            // immediate or by promotion
+	Releases            map[string]uint64 // of held locks, by Reason
+	ClientErrors        map[Code]uint64   // ERROR frames sent with codes from 0x10, by code
+	WaitTotal           time.Duration     // summed over Grants
+	HoldTotal           time.Duration     // summed over Releases
+}
+
+// Stats returns the current counters.
+func (srv *Server) Stats() Stats {
+	st := Stats{
+		ConnectionsAccepted: srv.accepted.Load(),
+		AcceptErrors:        srv.acceptErrors.Load(),
+		TLSHandshakeErrors:  srv.tlsHandshakeErrors.Load(),
+		Acquires:            srv.acquires.Load(),
+		Denials:             srv.denials.Load(),
+		Heartbeats:          srv.heartbeats.Load(),
+		Releases:            map[string]uint64{ReasonGraceful: 0, ReasonExpired: 0, ReasonIOTimeout: 0, ReasonForce: 0},
+		ClientErrors:        map[Code]uint64{},
+	}
+	for code := range srv.protocolErrors {
+		if n := srv.protocolErrors[code].Load(); n > 0 && Code(code) >= 0x10 {
+			st.ClientErrors[Code(code)] = n
+		}
+	}
+	srv.mu.Lock()
+	defer srv.mu.Unlock()
+	st.Connections = len(srv.sessions)
+	for _, l := range srv.locks {
+		if l.holder != nil {
+			st.LocksHeld++
+		}
+		st.Waiters += l.waiters.Len()
+	}
+	st.Grants, st.WaitTotal, st.HoldTotal = srv.grants, srv.waitTotal, srv.holdTotal
+	for reason, n := range srv.releases {
+		st.Releases[reason] = n
+	}
+	return st
+}
+
+// SessionInfo describes a holder or a waiter.
+type SessionInfo struct {
+	Identity   string
+	RemoteAddr string
+	Since      time.Time // granted at (holder) or queued at (waiter)
+	Lease      time.Duration
+	Token      uint64 // holder only
+}
+
+// LockInfo describes a lock that has a holder or waiters.
+type LockInfo struct {
+	Name    string
+	Holder  *SessionInfo // nil only while the server shuts down
+	Waiters []SessionInfo
+}
+
+// Locks returns every lock with a holder or waiters, sorted by name, as one
+// consistent snapshot.
+func (srv *Server) Locks() []LockInfo {
+	srv.mu.Lock()
+	defer srv.mu.Unlock()
+	infos := make([]LockInfo, 0, len(srv.locks))
+	for name, l := range srv.locks {
+		infos = append(infos, l.infoLocked(name))
+	}
+	slices.SortFunc(infos, func(a, b LockInfo) int { return strings.Compare(a.Name, b.Name) })
+	return infos
+}
+
+// Lock returns the lock called name, or false when nobody holds or waits for it.
+func (srv *Server) Lock(name string) (LockInfo, bool) {
+	srv.mu.Lock()
+	defer srv.mu.Unlock()
+	l := srv.locks[name]
+	if l == nil {
+		return LockInfo{}, false
+	}
+	return l.infoLocked(name), true
+}
+
+func (l *lock) infoLocked(name string) LockInfo {
+	info := LockInfo{Name: name, Waiters: make([]SessionInfo, 0, l.waiters.Len())}
+	if l.holder != nil {
+		h := l.holder.infoLocked()
+		info.Holder = &h
+	}
+	for e := l.waiters.Front(); e != nil; e = e.Next() {
+		info.Waiters = append(info.Waiters, e.Value.(*session).infoLocked())
+	}
+	return info
+}
+
+func (s *session) infoLocked() SessionInfo {
+	return SessionInfo{Identity: s.identity, RemoteAddr: s.remote, Since: s.since, Lease: s.lease, Token: s.token.Load()}
+}
+
+// ErrNotFound is returned by ForceRelease for a lock nobody holds and by
+// KickWaiter for a waiter that is not in the queue.
+var ErrNotFound = errors.New("monolock: no such holder or waiter")
+
+// ForceRelease ends the session that holds name: it is sent ERROR 0x02 and
+// closed, and the next waiter is promoted, by the session's own goroutine,
+// at once. It returns the holder it ended.
+func (srv *Server) ForceRelease(name string) (SessionInfo, error) {
+	return srv.kick(name, func(l *lock) *session { return l.holder }, EventForceRelease)
+}
+
+// KickWaiter ends the waiter of name whose remote address is remoteAddr:
+// it is sent ERROR 0x02 and closed; the others keep their order.
+func (srv *Server) KickWaiter(name, remoteAddr string) (SessionInfo, error) {
+	return srv.kick(name, func(l *lock) *session {
+		for e := l.waiters.Front(); e != nil; e = e.Next() {
+			if s := e.Value.(*session); s.remote == remoteAddr {
+				return s
+			}
+		}
+		return nil
+	}, EventKickWaiter)
+}
+
+func (srv *Server) kick(name string, find func(*lock) *session, event string) (SessionInfo, error) {
+	srv.mu.Lock()
+	var s *session
+	if l := srv.locks[name]; l != nil && !srv.closing.Load() {
+		s = find(l)
+	}
+	if s == nil {
+		srv.mu.Unlock()
+		return SessionInfo{}, ErrNotFound
+	}
+	if !s.kicked.Swap(true) {
+		srv.emitLocked(Event{Type: event, Token: s.token.Load()}, s)
+	}
+	info := s.infoLocked()
+	srv.mu.Unlock()
+	// Wakes the session's goroutine, which sends 0x02 itself and ends.
+	s.conn.SetReadDeadline(time.Unix(1, 0))
+	return info, nil
 }

@@ -32,7 +32,16 @@ func TestStress(t *testing.T) {
 		interval = 100 * time.Millisecond
 		churn    = 3 * time.Second
 	)
-	addr := startServer(t, &Server{IOTimeout: 5 * time.Second})
+	var (
+		evMu   sync.Mutex
+		events []Event
+	)
+	srv := &Server{IOTimeout: 5 * time.Second, OnEvent: func(ev Event) {
+		evMu.Lock()
+		events = append(events, ev)
+		evMu.Unlock()
+	}}
+	addr := startServer(t, srv)
 	stop := make(chan struct{})
 	var (
 		mu     sync.Mutex
@@ -89,6 +98,48 @@ func TestStress(t *testing.T) {
 		t.Errorf("only %d grants for %d clients", len(grants), clients)
 	}
 	t.Logf("%d grants on %d locks", len(grants), len(byLock))
+
+	// The events alone tell the same story: per lock, grant and release
+	// alternate with the same token, tokens rise, and every grant the
+	// clients saw is there.
+	waitFor(t, "every session to end", func() bool {
+		srv.mu.Lock()
+		defer srv.mu.Unlock()
+		return len(srv.sessions) == 0
+	})
+	srv.eventWG.Wait()
+	evMu.Lock()
+	defer evMu.Unlock()
+	holder := map[string]uint64{}
+	var last uint64
+	granted := map[uint64]bool{}
+	for _, ev := range events {
+		switch ev.Type {
+		case EventGranted:
+			if holder[ev.Lock] != 0 {
+				t.Fatalf("%s granted to %d while %d holds it", ev.Lock, ev.Token, holder[ev.Lock])
+			}
+			if ev.Token <= last {
+				t.Fatalf("token %d granted after %d", ev.Token, last)
+			}
+			holder[ev.Lock], last, granted[ev.Token] = ev.Token, ev.Token, true
+		case EventReleased:
+			if holder[ev.Lock] != ev.Token {
+				t.Fatalf("%s released by %d while %d holds it", ev.Lock, ev.Token, holder[ev.Lock])
+			}
+			holder[ev.Lock] = 0
+		}
+	}
+	for name, token := range holder {
+		if token != 0 {
+			t.Errorf("%s: grant of %d never released", name, token)
+		}
+	}
+	for _, g := range grants {
+		if !granted[g.token] {
+			t.Errorf("no granted event for token %d", g.token)
+		}
+	}
 }
 
 func cmpUint(a, b uint64) int {
