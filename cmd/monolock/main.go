@@ -17,18 +17,25 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/http"
 	"os"
 	"os/signal"
 	"strings"
 	"syscall"
+	"time"
 
 	"monolock"
 )
 
 func main() {
 	args := os.Args[1:]
-	if len(args) > 0 && args[0] == "run" {
-		os.Exit(runMain(args[1:], os.Stdout, os.Stderr))
+	if len(args) > 0 {
+		switch args[0] {
+		case "run":
+			os.Exit(runMain(args[1:], os.Stdout, os.Stderr))
+		case "locks":
+			os.Exit(locksMain(args[1:], os.Stdout, os.Stderr))
+		}
 	}
 	os.Exit(serve(args, os.Stdout, os.Stderr))
 }
@@ -36,6 +43,7 @@ func main() {
 const serveUsage = `Usage: monolock [flags]            serve locks
        monolock run [flags] NAME -- COMMAND [ARGS...]
                                   hold a lock around a command (monolock run -h)
+       monolock locks [flags]     who holds what, from the admin API (monolock locks -h)
 
 Flags (a flag beats its environment variable, which beats the default):
 `
@@ -44,12 +52,15 @@ Flags (a flag beats its environment variable, which beats the default):
 func serve(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("monolock", flag.ContinueOnError)
 	listen := fs.String("listen", "127.0.0.1:7070", "protocol `address` to listen on")
+	opsListen := fs.String("ops-listen", "", "`address` for /metrics, /healthz and /readyz (default off)")
+	adminListen := fs.String("admin-listen", "", "`address` for the admin HTTP API, which has no authentication: bind it to loopback (default off)")
 	ioTimeout := fs.Duration("io-timeout", monolock.DefaultIOTimeout,
 		"bound on the first frame, the rest of a frame, and every write")
 	level := levelFlag(slog.LevelInfo)
 	fs.Var(&level, "log-level", "diagnostics `level`: debug, info (the default), warn or error")
 	format := choiceFlag{value: "text", choices: []string{"text", "json"}}
 	fs.Var(&format, "log-format", "diagnostics `format` on stderr: text or json")
+	auditPath := fs.String("audit-log", "", "JSON-lines audit `file`, or - for stdout (default off)")
 	var sec security
 	fs.StringVar(&sec.certFile, "tls-cert", "", "PEM `file` of the server's certificate: TLS on the protocol port")
 	fs.StringVar(&sec.keyFile, "tls-key", "", "PEM `file` of the key of -tls-cert")
@@ -57,9 +68,12 @@ func serve(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&sec.aclFile, "acl-file", "", "JSON `file` of authorization rules (needs -tls-client-ca)")
 	envs := map[string]string{
 		"listen":        "MONOLOCK_LISTEN_ADDRESS",
+		"ops-listen":    "MONOLOCK_OPS_LISTEN_ADDRESS",
+		"admin-listen":  "MONOLOCK_ADMIN_LISTEN_ADDRESS",
 		"io-timeout":    "MONOLOCK_IO_TIMEOUT",
 		"log-level":     "MONOLOCK_LOG_LEVEL",
 		"log-format":    "MONOLOCK_LOG_FORMAT",
+		"audit-log":     "MONOLOCK_AUDIT_LOG",
 		"tls-cert":      "MONOLOCK_TLS_CERT",
 		"tls-key":       "MONOLOCK_TLS_KEY",
 		"tls-client-ca": "MONOLOCK_TLS_CLIENT_CA",
@@ -68,21 +82,21 @@ func serve(args []string, stdout, stderr io.Writer) int {
 	if code, ok := parse(fs, args, envs, serveUsage, stdout, stderr); !ok {
 		return code
 	}
+	fail := func(code int, format string, a ...any) int {
+		fmt.Fprintf(stderr, "monolock: "+format+"\n", a...)
+		return code
+	}
 	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "monolock: unexpected argument %q (see monolock -h)\n", fs.Arg(0))
-		return 2
+		return fail(2, "unexpected argument %q (see monolock -h)", fs.Arg(0))
 	}
 	if *ioTimeout <= 0 {
-		fmt.Fprintf(stderr, "monolock: -io-timeout must be positive, got %v\n", *ioTimeout)
-		return 2
+		return fail(2, "-io-timeout must be positive, got %v", *ioTimeout)
 	}
 	if err := sec.checkCombination(); err != nil {
-		fmt.Fprintf(stderr, "monolock: %v\n", err)
-		return 2
+		return fail(2, "%v", err)
 	}
 	if err := sec.load(); err != nil {
-		fmt.Fprintf(stderr, "monolock: %v\n", err)
-		return 2
+		return fail(2, "%v", err)
 	}
 
 	opts := &slog.HandlerOptions{Level: slog.Level(level)}
@@ -92,18 +106,53 @@ func serve(args []string, stdout, stderr io.Writer) int {
 	}
 	logger := slog.New(handler)
 
-	l, err := net.Listen("tcp", *listen)
-	if err != nil {
-		logger.Error("cannot listen", "err", err)
-		return 1
-	}
 	srv := &monolock.Server{IOTimeout: *ioTimeout, Logger: logger}
-	if sec.certFile != "" {
-		l = tls.NewListener(l, sec.listenerConfig())
+	o := &ops{srv: srv, started: time.Now(), config: map[string]any{
+		"listen": *listen, "ops_listen": *opsListen, "admin_listen": *adminListen,
+		"io_timeout": ioTimeout.String(), "log_level": level.String(), "log_format": format.value,
+		"audit_log": *auditPath, "tls": sec.certFile != "", "mtls": sec.clientCAFile != "", "acl_file": sec.aclFile,
+	}}
+	if *auditPath != "" {
+		audit, err := openAudit(*auditPath, logger)
+		if err != nil {
+			return fail(2, "%v", err)
+		}
+		o.audit = audit
+		srv.OnEvent = audit.event
 	}
 	if sec.aclFile != "" {
 		srv.Authorize = sec.authorize
 	}
+
+	l, err := net.Listen("tcp", *listen)
+	if err != nil {
+		return fail(1, "%v", err)
+	}
+	if sec.certFile != "" {
+		l = tls.NewListener(l, sec.listenerConfig())
+	}
+	var httpServers []*http.Server
+	for _, h := range []struct {
+		addr, what string
+		handler    http.Handler
+	}{{*opsListen, "ops", o.opsHandler()}, {*adminListen, "admin", o.adminHandler()}} {
+		if h.addr == "" {
+			continue
+		}
+		hl, err := net.Listen("tcp", h.addr)
+		if err != nil {
+			return fail(1, "-%s-listen: %v", h.what, err)
+		}
+		if h.what == "admin" && !isLoopback(h.addr) {
+			logger.Warn("the admin API has no authentication and listens beyond this machine; bind it to loopback",
+				"admin_listen", h.addr)
+		}
+		hs := &http.Server{Handler: h.handler, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(handler, slog.LevelWarn)}
+		httpServers = append(httpServers, hs)
+		go hs.Serve(hl)
+		logger.Info("serving "+h.what+" HTTP", "listen", hl.Addr().String())
+	}
+
 	sigs := make(chan os.Signal, 2)
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
 	hups := make(chan os.Signal, 1)
@@ -119,6 +168,11 @@ func serve(args []string, stdout, stderr io.Writer) int {
 			logger.Error("listener failed", "err", err)
 			return 1
 		case <-hups:
+			if o.audit != nil {
+				if err := o.audit.reopen(); err != nil {
+					logger.Error("audit log reopen failed; still writing to the old file", "err", err)
+				}
+			}
 			// Open sessions keep their connections; new ones see the new files.
 			if err := sec.load(); err != nil {
 				logger.Error("reload failed; keeping the previous certificates and rules", "err", err)
@@ -126,6 +180,7 @@ func serve(args []string, stdout, stderr io.Writer) int {
 				logger.Info("reloaded certificates and rules")
 			}
 		case sig := <-sigs:
+			o.stopping.Store(true) // health turns 503 before any session is closed
 			logger.Info("shutting down", "signal", sig.String())
 			go func() {
 				sig := <-sigs
@@ -133,6 +188,12 @@ func serve(args []string, stdout, stderr io.Writer) int {
 				os.Exit(1)
 			}()
 			srv.Shutdown(context.Background())
+			// The HTTP servers stop after the protocol listener has finished.
+			for _, hs := range httpServers {
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				hs.Shutdown(ctx)
+				cancel()
+			}
 			logger.Info("shut down")
 			return 0
 		}

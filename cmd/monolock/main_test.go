@@ -38,12 +38,13 @@ func TestMain(m *testing.M) {
 
 // server is the binary running in the background.
 type server struct {
-	cmd  *exec.Cmd
-	addr string
-	done chan error
+	cmd        *exec.Cmd
+	addr       string // protocol
+	ops, admin string // HTTP, when asked for
+	done       chan error
 
 	mu     sync.Mutex
-	stderr bytes.Buffer // everything after the "serving" line
+	stderr bytes.Buffer // what it said on stderr
 }
 
 func (s *server) log() string {
@@ -84,10 +85,21 @@ func start(t *testing.T, env []string, args ...string) *server {
 	}
 	s := &server{cmd: cmd, done: make(chan error, 1)}
 	lines := bufio.NewScanner(pipe)
-	addrRE := regexp.MustCompile(`listen"?[=:]"?([0-9.:]+)`)
+	// The text and the JSON forms of the "serving" lines.
+	addrRE := regexp.MustCompile(`msg"?[=:]"?(serving|"serving (ops|admin) HTTP")"?,? ?"?listen"?[=:]"?([0-9.:]+)`)
 	for lines.Scan() {
-		if m := addrRE.FindStringSubmatch(lines.Text()); m != nil && strings.Contains(lines.Text(), "serving") {
-			s.addr = m[1]
+		s.stderr.WriteString(lines.Text() + "\n")
+		m := addrRE.FindStringSubmatch(lines.Text())
+		switch {
+		case m == nil:
+		case m[2] == "ops":
+			s.ops = m[3]
+		case m[2] == "admin":
+			s.admin = m[3]
+		default:
+			s.addr = m[3]
+		}
+		if s.addr != "" {
 			break
 		}
 	}

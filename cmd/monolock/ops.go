@@ -1,0 +1,325 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"runtime"
+	"runtime/debug"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"monolock"
+)
+
+// ops is the operator surface of the binary: health, metrics, the admin
+// API and the audit log, all built on the server's hooks.
+type ops struct {
+	srv      *monolock.Server
+	started  time.Time
+	stopping atomic.Bool // from the moment shutdown begins
+	audit    *auditLog   // nil without -audit-log
+	config   map[string]any
+}
+
+// opsHandler serves /healthz, /readyz and /metrics.
+func (o *ops) opsHandler() http.Handler {
+	mux := http.NewServeMux()
+	health := func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		if o.stopping.Load() {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			io.WriteString(w, "shutting down\n")
+			return
+		}
+		io.WriteString(w, "ok\n")
+	}
+	mux.HandleFunc("GET /healthz", health)
+	mux.HandleFunc("GET /readyz", health)
+	mux.HandleFunc("GET /metrics", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+		o.writeMetrics(w)
+	})
+	return mux
+}
+
+// writeMetrics writes the Prometheus text exposition format by hand.
+func (o *ops) writeMetrics(w io.Writer) {
+	st := o.srv.Stats()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	var b strings.Builder
+	family := func(name, typ, help string, samples ...string) {
+		fmt.Fprintf(&b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, typ)
+		for _, s := range samples {
+			b.WriteString(name + s + "\n")
+		}
+	}
+	value := func(v float64) string { return " " + strconv.FormatFloat(v, 'g', -1, 64) }
+	uvalue := func(v uint64) string { return " " + strconv.FormatUint(v, 10) }
+	label := func(name, val string) string { return "{" + name + `="` + escapeLabel(val) + `"}` }
+
+	family("monolock_connections_active", "gauge", "Open connections, with or without a lock.", value(float64(st.Connections)))
+	family("monolock_locks_held", "gauge", "Locks that have a holder.", value(float64(st.LocksHeld)))
+	family("monolock_waiters", "gauge", "Sessions waiting in a lock's queue.", value(float64(st.Waiters)))
+	family("monolock_acquires_total", "counter", "Valid, authorized ACQUIREs, granted at once or queued.", uvalue(st.Acquires))
+	family("monolock_acl_denials_total", "counter", "ACQUIREs refused by the authorization rules.", uvalue(st.Denials))
+	var releases []string
+	for _, reason := range []string{monolock.ReasonGraceful, monolock.ReasonExpired, monolock.ReasonIOTimeout, monolock.ReasonForce} {
+		releases = append(releases, label("reason", reason)+uvalue(st.Releases[reason]))
+	}
+	family("monolock_releases_total", "counter", "Releases of held locks, by reason.", releases...)
+	codes := []monolock.Code{0x10, 0x11, 0x12, 0x13, 0x14, 0x15, 0x16, 0x17, 0x18}
+	for code := range st.ClientErrors {
+		if !slices.Contains(codes, code) {
+			codes = append(codes, code)
+		}
+	}
+	slices.Sort(codes)
+	var protocol []string
+	for _, code := range codes {
+		protocol = append(protocol, label("code", fmt.Sprintf("0x%02x", uint8(code)))+uvalue(st.ClientErrors[code]))
+	}
+	family("monolock_protocol_errors_total", "counter", "ERROR frames sent for client errors, by code.", protocol...)
+	family("monolock_connections_accepted_total", "counter", "Connections accepted.", uvalue(st.ConnectionsAccepted))
+	family("monolock_accept_errors_total", "counter", "Failed accepts (EMFILE, ENFILE, ...), each retried after a backoff.", uvalue(st.AcceptErrors))
+	family("monolock_tls_handshake_errors_total", "counter", "TLS handshakes that failed or timed out.", uvalue(st.TLSHandshakeErrors))
+	family("monolock_heartbeats_total", "counter", "HEARTBEAT frames answered.", uvalue(st.Heartbeats))
+	family("monolock_wait_seconds", "summary", "Time from ACQUIRE to grant, over every grant.",
+		"_sum"+value(st.WaitTotal.Seconds()), "_count"+uvalue(st.Grants))
+	var held uint64
+	for _, n := range st.Releases {
+		held += n
+	}
+	family("monolock_hold_seconds", "summary", "Time from grant to release, over every release.",
+		"_sum"+value(st.HoldTotal.Seconds()), "_count"+uvalue(held))
+	if o.audit != nil {
+		family("monolock_audit_write_errors_total", "counter", "Audit log lines that could not be written.", uvalue(o.audit.errors.Load()))
+	}
+	family("go_goroutines", "gauge", "Goroutines that currently exist.", value(float64(runtime.NumGoroutine())))
+	family("go_heap_alloc_bytes", "gauge", "Bytes of allocated heap objects.", uvalue(ms.HeapAlloc))
+	family("go_gc_cycles_total", "counter", "Completed garbage collection cycles.", uvalue(uint64(ms.NumGC)))
+	io.WriteString(w, b.String())
+}
+
+// escapeLabel escapes a label value as the text format requires.
+func escapeLabel(s string) string {
+	return strings.NewReplacer(`\`, `\\`, `"`, `\"`, "\n", `\n`).Replace(s)
+}
+
+// The admin API's JSON.
+type sessionJSON struct {
+	Identity   string    `json:"identity"`
+	RemoteAddr string    `json:"remote_addr"`
+	Since      time.Time `json:"since"`
+	LeaseMS    int64     `json:"lease_ms"`
+	Token      uint64    `json:"token,omitempty"`
+}
+
+type lockJSON struct {
+	Name    string        `json:"name"`
+	Holder  *sessionJSON  `json:"holder"`
+	Waiters []sessionJSON `json:"waiters"`
+}
+
+func toSessionJSON(s monolock.SessionInfo) sessionJSON {
+	return sessionJSON{Identity: s.Identity, RemoteAddr: s.RemoteAddr, Since: s.Since.UTC(), LeaseMS: s.Lease.Milliseconds(), Token: s.Token}
+}
+
+func toLockJSON(l monolock.LockInfo) lockJSON {
+	out := lockJSON{Name: l.Name, Waiters: []sessionJSON{}}
+	if l.Holder != nil {
+		h := toSessionJSON(*l.Holder)
+		out.Holder = &h
+	}
+	for _, w := range l.Waiters {
+		out.Waiters = append(out.Waiters, toSessionJSON(w))
+	}
+	return out
+}
+
+// adminHandler serves the admin API. It has no authentication of its own:
+// bind it to loopback.
+func (o *ops) adminHandler() http.Handler {
+	mux := http.NewServeMux()
+	only := func(method string, h http.HandlerFunc) http.HandlerFunc {
+		return func(w http.ResponseWriter, r *http.Request) {
+			if r.Method != method {
+				w.Header().Set("Allow", method)
+				writeJSON(w, http.StatusMethodNotAllowed, map[string]string{"error": "method " + r.Method + " not allowed; use " + method})
+				return
+			}
+			h(w, r)
+		}
+	}
+	mux.HandleFunc("/api/info", only("GET", func(w http.ResponseWriter, r *http.Request) {
+		st := o.srv.Stats()
+		writeJSON(w, http.StatusOK, map[string]any{
+			"version":        version(),
+			"uptime_seconds": time.Since(o.started).Seconds(),
+			"config":         o.config,
+			"counts": map[string]int{
+				"connections": st.Connections,
+				"locks_held":  st.LocksHeld,
+				"waiters":     st.Waiters,
+			},
+		})
+	}))
+	mux.HandleFunc("/api/locks", only("GET", func(w http.ResponseWriter, r *http.Request) {
+		match, filter := r.URL.Query()["match"]
+		locks := []lockJSON{}
+		for _, l := range o.srv.Locks() {
+			if !filter || glob(match[0], l.Name) {
+				locks = append(locks, toLockJSON(l))
+			}
+		}
+		writeJSON(w, http.StatusOK, map[string]any{"locks": locks})
+	}))
+	mux.HandleFunc("/api/locks/{name}", only("GET", func(w http.ResponseWriter, r *http.Request) {
+		l, ok := o.srv.Lock(r.PathValue("name"))
+		if !ok {
+			writeJSON(w, http.StatusNotFound, map[string]string{"error": "lock is idle: nobody holds or waits for it", "name": r.PathValue("name")})
+			return
+		}
+		writeJSON(w, http.StatusOK, toLockJSON(l))
+	}))
+	mux.HandleFunc("/api/locks/{name}/release", only("POST", func(w http.ResponseWriter, r *http.Request) {
+		name := r.PathValue("name")
+		holder, err := o.srv.ForceRelease(name)
+		if errors.Is(err, monolock.ErrNotFound) {
+			writeJSON(w, http.StatusNotFound, map[string]string{"error": "nobody holds the lock", "name": name})
+			return
+		}
+		writeJSON(w, http.StatusOK, map[string]any{"name": name, "released": toSessionJSON(holder)})
+	}))
+	mux.HandleFunc("/api/locks/{name}/waiters/{remote_addr}", only("DELETE", func(w http.ResponseWriter, r *http.Request) {
+		name, addr := r.PathValue("name"), r.PathValue("remote_addr")
+		waiter, err := o.srv.KickWaiter(name, addr)
+		if errors.Is(err, monolock.ErrNotFound) {
+			writeJSON(w, http.StatusNotFound, map[string]string{"error": "no such waiter in the lock's queue", "name": name, "remote_addr": addr})
+			return
+		}
+		writeJSON(w, http.StatusOK, map[string]any{"name": name, "kicked": toSessionJSON(waiter)})
+	}))
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusNotFound, map[string]string{"error": "no such endpoint: " + r.URL.Path})
+	})
+	return mux
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	enc.Encode(v)
+}
+
+func version() string {
+	if info, ok := debug.ReadBuildInfo(); ok && info.Main.Version != "" {
+		return info.Main.Version
+	}
+	return "(devel)"
+}
+
+// isLoopback reports whether a listen address can only be reached from
+// this machine.
+func isLoopback(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+// auditLog writes one JSON object a line for every event, to a file that
+// SIGHUP reopens (for logrotate), or to stdout.
+type auditLog struct {
+	path   string // "-" for stdout
+	logger *slog.Logger
+	errors atomic.Uint64
+
+	mu sync.Mutex
+	w  io.Writer
+	f  *os.File // nil for stdout
+}
+
+func openAudit(path string, logger *slog.Logger) (*auditLog, error) {
+	a := &auditLog{path: path, logger: logger, w: os.Stdout}
+	if path != "-" {
+		if err := a.reopen(); err != nil {
+			return nil, err
+		}
+	}
+	return a, nil
+}
+
+// reopen opens the path again; if it cannot, the old file stays in use.
+func (a *auditLog) reopen() error {
+	if a.path == "-" {
+		return nil
+	}
+	f, err := os.OpenFile(a.path, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o640)
+	if err != nil {
+		return fmt.Errorf("-audit-log: %w", err)
+	}
+	a.mu.Lock()
+	old := a.f
+	a.f, a.w = f, f
+	a.mu.Unlock()
+	if old != nil {
+		old.Close()
+	}
+	return nil
+}
+
+type auditLine struct {
+	Time       string  `json:"time"`
+	Event      string  `json:"event"`
+	Lock       string  `json:"lock"`
+	Identity   string  `json:"identity"`
+	RemoteAddr string  `json:"remote_addr"`
+	Token      *uint64 `json:"token,omitempty"`
+	WaitMS     *int64  `json:"wait_ms,omitempty"`
+	HeldMS     *int64  `json:"held_ms,omitempty"`
+	Reason     string  `json:"reason,omitempty"`
+}
+
+// event writes ev as one line, in one write. A line that cannot be
+// written is logged at error level and counted: the operator must see
+// that the audit trail has a hole.
+func (a *auditLog) event(ev monolock.Event) {
+	line := auditLine{Time: ev.Time.UTC().Format(time.RFC3339Nano), Event: ev.Type, Lock: ev.Lock,
+		Identity: ev.Identity, RemoteAddr: ev.RemoteAddr}
+	ms := func(d time.Duration) *int64 { v := d.Milliseconds(); return &v }
+	switch ev.Type {
+	case monolock.EventGranted:
+		line.Token, line.WaitMS = &ev.Token, ms(ev.Wait)
+	case monolock.EventReleased:
+		line.Token, line.HeldMS, line.Reason = &ev.Token, ms(ev.Held), ev.Reason
+	case monolock.EventForceRelease:
+		line.Token = &ev.Token
+	}
+	b, _ := json.Marshal(line)
+	a.mu.Lock()
+	_, err := a.w.Write(append(b, '\n'))
+	a.mu.Unlock()
+	if err != nil {
+		a.errors.Add(1)
+		a.logger.Error("AUDIT LOG WRITE FAILED: this event is missing from the audit log",
+			"path", a.path, "err", err, "event", string(b))
+	}
+}

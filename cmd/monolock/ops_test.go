@@ -1,0 +1,633 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"monolock"
+)
+
+func httpGet(t *testing.T, u string) (int, string) {
+	t.Helper()
+	resp, err := http.Get(u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+func httpDo(t *testing.T, method, u string) (int, string) {
+	t.Helper()
+	req, _ := http.NewRequest(method, u, nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// rawClient is a protocol client on a raw connection to the binary.
+type rawClient struct {
+	t *testing.T
+	net.Conn
+}
+
+func rawAcquire(t *testing.T, addr, name string, lease time.Duration) (*rawClient, monolock.Frame) {
+	t.Helper()
+	c, err := net.DialTimeout("tcp", addr, 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	rc := &rawClient{t, c}
+	b, _ := monolock.Frame{Type: monolock.TypeAcquire, LeaseMS: uint32(lease.Milliseconds()), Name: name}.AppendBinary(nil)
+	c.Write(b)
+	return rc, rc.next()
+}
+
+func (c *rawClient) next() monolock.Frame {
+	c.t.Helper()
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	f, err := monolock.ReadFrame(c)
+	if err != nil {
+		c.t.Fatalf("read: %v", err)
+	}
+	return f
+}
+
+func (c *rawClient) expect(typ byte, code monolock.Code) monolock.Frame {
+	c.t.Helper()
+	f := c.next()
+	if f.Type != typ || (typ == monolock.TypeError && f.Code != code) {
+		c.t.Fatalf("got %+v, want type 0x%02x code 0x%02x", f, typ, uint8(code))
+	}
+	return f
+}
+
+// metrics scrapes /metrics into name{labels} -> value.
+func metrics(t *testing.T, s *server) (map[string]float64, string) {
+	t.Helper()
+	code, body := httpGet(t, "http://"+s.ops+"/metrics")
+	if code != 200 {
+		t.Fatalf("/metrics: %d %s", code, body)
+	}
+	values := map[string]float64{}
+	for _, line := range strings.Split(body, "\n") {
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		i := strings.LastIndexByte(line, ' ')
+		v, _ := strconv.ParseFloat(line[i+1:], 64)
+		values[line[:i]] = v
+	}
+	return values, body
+}
+
+var (
+	metricName  = `[a-zA-Z_:][a-zA-Z0-9_:]*`
+	helpLine    = regexp.MustCompile(`^# HELP (` + metricName + `) \S.*$`)
+	typeLine    = regexp.MustCompile(`^# TYPE (` + metricName + `) (gauge|counter|summary)$`)
+	sampleLine  = regexp.MustCompile(`^(` + metricName + `)(\{[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\\n]|\\["\\n])*"(?:,[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\\n]|\\["\\n])*")*\})? (\S+)$`)
+	wantMetrics = []string{"monolock_connections_active", "monolock_locks_held", "monolock_waiters",
+		"monolock_acquires_total", "monolock_acl_denials_total", "monolock_releases_total",
+		"monolock_protocol_errors_total", "monolock_connections_accepted_total", "monolock_accept_errors_total",
+		"monolock_tls_handshake_errors_total", "monolock_heartbeats_total", "monolock_wait_seconds",
+		"monolock_hold_seconds", "go_goroutines", "go_heap_alloc_bytes", "go_gc_cycles_total"}
+)
+
+// checkExposition validates the text format line by line: every sample
+// belongs to a family announced by HELP then TYPE, counters end in
+// _total, summaries have _sum and _count, labels are quoted and escaped,
+// values are numbers.
+func checkExposition(t *testing.T, body string) {
+	t.Helper()
+	if !strings.HasSuffix(body, "\n") {
+		t.Fatal("exposition does not end with a newline")
+	}
+	types := map[string]string{}
+	var help, family string
+	for n, line := range strings.Split(strings.TrimSuffix(body, "\n"), "\n") {
+		if m := helpLine.FindStringSubmatch(line); m != nil {
+			if _, seen := types[m[1]]; seen {
+				t.Fatalf("line %d: family %s announced twice", n+1, m[1])
+			}
+			help = m[1]
+			continue
+		}
+		if m := typeLine.FindStringSubmatch(line); m != nil {
+			if m[1] != help {
+				t.Fatalf("line %d: TYPE of %s without its HELP just before", n+1, m[1])
+			}
+			if m[2] == "counter" && !strings.HasSuffix(m[1], "_total") {
+				t.Fatalf("line %d: counter %s does not end in _total", n+1, m[1])
+			}
+			family, types[m[1]] = m[1], m[2]
+			continue
+		}
+		m := sampleLine.FindStringSubmatch(line)
+		if m == nil {
+			t.Fatalf("line %d is not valid exposition text: %q", n+1, line)
+		}
+		name := m[1]
+		if types[family] == "summary" {
+			name = strings.TrimSuffix(strings.TrimSuffix(name, "_sum"), "_count")
+			if name == m[1] {
+				t.Fatalf("line %d: summary sample %s is neither _sum nor _count", n+1, m[1])
+			}
+		}
+		if name != family {
+			t.Fatalf("line %d: sample %s outside its family (%s)", n+1, m[1], family)
+		}
+		if _, err := strconv.ParseFloat(m[3], 64); err != nil {
+			t.Fatalf("line %d: value %q", n+1, m[3])
+		}
+	}
+	for _, name := range wantMetrics {
+		if types[name] == "" {
+			t.Errorf("metric %s missing", name)
+		}
+	}
+}
+
+func TestMetricsAfterAScriptedScenario(t *testing.T) {
+	s := start(t, nil, "-ops-listen", "127.0.0.1:0", "-admin-listen", "127.0.0.1:0")
+	a, _ := rawAcquire(t, s.addr, "m1", time.Minute)
+	b, f := rawAcquire(t, s.addr, "m1", time.Minute)
+	if f.Type != monolock.TypeWaiting {
+		t.Fatalf("b got %+v", f)
+	}
+	c, _ := rawAcquire(t, s.addr, "m2", 200*time.Millisecond) // expires
+	for range 2 {
+		a.Write([]byte{monolock.TypeHeartbeat})
+		a.expect(monolock.TypeAcquired, 0)
+	}
+	d, err := net.Dial("tcp", s.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.Write([]byte{0x7f}) // a protocol error
+	(&rawClient{t, d}).expect(monolock.TypeError, monolock.CodeUnknownType)
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	io.ReadAll(c) // until the server drops it
+	a.Close()     // graceful; b is promoted
+	b.expect(monolock.TypeAcquired, 0)
+	if code, body := httpDo(t, "POST", "http://"+s.admin+"/api/locks/m1/release"); code != 200 {
+		t.Fatalf("force-release: %d %s", code, body)
+	}
+	b.expect(monolock.TypeError, monolock.CodeClosedByAdmin)
+
+	var values map[string]float64
+	var body string
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		values, body = metrics(t, s)
+		if values["monolock_connections_active"] == 0 && values[`monolock_releases_total{reason="force"}`] == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("metrics never settled:\n%s", body)
+		}
+	}
+	checkExposition(t, body)
+	for name, want := range map[string]float64{
+		"monolock_connections_active":                  0,
+		"monolock_locks_held":                          0,
+		"monolock_waiters":                             0,
+		"monolock_acquires_total":                      3,
+		"monolock_acl_denials_total":                   0,
+		`monolock_releases_total{reason="graceful"}`:   1,
+		`monolock_releases_total{reason="expired"}`:    1,
+		`monolock_releases_total{reason="io_timeout"}`: 0,
+		`monolock_releases_total{reason="force"}`:      1,
+		`monolock_protocol_errors_total{code="0x13"}`:  1,
+		`monolock_protocol_errors_total{code="0x12"}`:  0,
+		"monolock_connections_accepted_total":          4,
+		"monolock_accept_errors_total":                 0,
+		"monolock_tls_handshake_errors_total":          0,
+		"monolock_heartbeats_total":                    2,
+		"monolock_wait_seconds_count":                  3,
+		"monolock_hold_seconds_count":                  3,
+	} {
+		if got, ok := values[name]; !ok || got != want {
+			t.Errorf("%s = %v (present: %v), want %v", name, got, ok, want)
+		}
+	}
+	if values["monolock_hold_seconds_sum"] < 0.2 || values["go_goroutines"] < 1 || values["go_heap_alloc_bytes"] <= 0 {
+		t.Errorf("implausible values:\n%s", body)
+	}
+}
+
+func TestExpositionEscapesLabels(t *testing.T) {
+	if got := escapeLabel("a\"b\\c\nd"); got != `a\"b\\c\nd` {
+		t.Fatalf("escapeLabel = %s", got)
+	}
+}
+
+func TestHealthTurns503WhenShutdownBegins(t *testing.T) {
+	s := start(t, nil, "-ops-listen", "127.0.0.1:0", "-io-timeout", "1m")
+	if code, body := httpGet(t, "http://"+s.ops+"/healthz"); code != 200 || body != "ok\n" {
+		t.Fatalf("/healthz: %d %q", code, body)
+	}
+	if code, _ := httpGet(t, "http://"+s.ops+"/readyz"); code != 200 {
+		t.Fatalf("/readyz: %d", code)
+	}
+	// A holder that never reads keeps the shutdown busy for the io-timeout.
+	c, _ := dial(t, s.addr, "stuck")
+	c.(*net.TCPConn).SetReadBuffer(1024)
+	flood := bytes.Repeat([]byte{monolock.TypeHeartbeat}, 1<<16)
+	for {
+		c.SetWriteDeadline(time.Now().Add(time.Second))
+		if n, err := c.Write(flood); err != nil && n == 0 {
+			break
+		}
+	}
+	s.cmd.Process.Signal(syscall.SIGTERM)
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		resp, err := http.Get("http://" + s.ops + "/healthz")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == 503 {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("/healthz never turned 503")
+		}
+	}
+	if code, _ := httpGet(t, "http://"+s.ops+"/readyz"); code != 503 {
+		t.Fatalf("/readyz: %d during shutdown", code)
+	}
+	select {
+	case <-s.done:
+		t.Fatal("the server exited: the test proves nothing")
+	default: // still closing sessions, and already unhealthy
+	}
+}
+
+type auditRecord struct {
+	Time       string  `json:"time"`
+	Event      string  `json:"event"`
+	Lock       string  `json:"lock"`
+	Identity   *string `json:"identity"`
+	RemoteAddr string  `json:"remote_addr"`
+	Token      uint64  `json:"token"`
+	WaitMS     *int64  `json:"wait_ms"`
+	HeldMS     *int64  `json:"held_ms"`
+	Reason     string  `json:"reason"`
+}
+
+func readAudit(t *testing.T, r io.Reader) []auditRecord {
+	t.Helper()
+	var out []auditRecord
+	lines := bufio.NewScanner(r)
+	for lines.Scan() {
+		var rec auditRecord
+		dec := json.NewDecoder(strings.NewReader(lines.Text()))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&rec); err != nil {
+			t.Fatalf("audit line %q: %v", lines.Text(), err)
+		}
+		ts, err := time.Parse(time.RFC3339Nano, rec.Time)
+		if err != nil || ts.Location() != time.UTC || rec.Identity == nil || rec.RemoteAddr == "" || rec.Lock == "" {
+			t.Fatalf("audit line %q lacks a field", lines.Text())
+		}
+		switch rec.Event {
+		case "granted":
+			if rec.Token == 0 || rec.WaitMS == nil {
+				t.Fatalf("granted line %q", lines.Text())
+			}
+		case "released":
+			if rec.Token == 0 || rec.HeldMS == nil || rec.Reason == "" {
+				t.Fatalf("released line %q", lines.Text())
+			}
+		case "force_release", "kick_waiter", "denied":
+		default:
+			t.Fatalf("unknown event in %q", lines.Text())
+		}
+		out = append(out, rec)
+	}
+	return out
+}
+
+// checkOwnership checks, from the audit records alone, that ownerships of
+// a lock never overlap and every grant is released exactly once.
+func checkOwnership(t *testing.T, recs []auditRecord) {
+	t.Helper()
+	holder := map[string]uint64{}
+	for _, r := range recs {
+		switch r.Event {
+		case "granted":
+			if holder[r.Lock] != 0 {
+				t.Fatalf("%s granted (%d) while %d holds it", r.Lock, r.Token, holder[r.Lock])
+			}
+			holder[r.Lock] = r.Token
+		case "released":
+			if holder[r.Lock] != r.Token {
+				t.Fatalf("%s released by %d while %d holds it", r.Lock, r.Token, holder[r.Lock])
+			}
+			holder[r.Lock] = 0
+		}
+	}
+	for name, token := range holder {
+		if token != 0 {
+			t.Fatalf("%s: grant %d never released", name, token)
+		}
+	}
+}
+
+func TestAuditLog(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "audit.log")
+	s := start(t, nil, "-audit-log", path, "-admin-listen", "127.0.0.1:0", "-ops-listen", "127.0.0.1:0")
+	// Contention on a few locks, an expiry, a kick and a force-release.
+	var clients []*rawClient
+	for i := range 6 {
+		c, _ := rawAcquire(t, s.addr, fmt.Sprintf("lock-%d", i%2), time.Minute)
+		clients = append(clients, c)
+	}
+	short, _ := rawAcquire(t, s.addr, "short", 100*time.Millisecond)
+	short.SetReadDeadline(time.Now().Add(10 * time.Second))
+	io.ReadAll(short)
+	if code, body := httpDo(t, "DELETE", "http://"+s.admin+"/api/locks/lock-0/waiters/"+clients[2].LocalAddr().String()); code != 200 {
+		t.Fatalf("kick: %d %s", code, body)
+	}
+	if code, body := httpDo(t, "POST", "http://"+s.admin+"/api/locks/lock-1/release"); code != 200 {
+		t.Fatalf("force: %d %s", code, body)
+	}
+
+	// Log rotation: move the file away, SIGHUP, and the next lines go to a new file.
+	waitForAuditLines(t, path, 6) // 3 grants, expiry release, kick, force_release
+	rotated := filepath.Join(dir, "audit.log.1")
+	os.Rename(path, rotated)
+	s.cmd.Process.Signal(syscall.SIGHUP)
+	waitForLog(t, s, "reloaded")
+	for _, c := range clients {
+		c.Close()
+	}
+	s.cmd.Process.Signal(syscall.SIGTERM)
+	s.exitCode(t)
+
+	old, _ := os.Open(rotated)
+	defer old.Close()
+	fresh, err := os.Open(path)
+	if err != nil {
+		t.Fatalf("no new file after the reopen: %v", err)
+	}
+	defer fresh.Close()
+	before, after := readAudit(t, old), readAudit(t, fresh)
+	if len(before) == 0 || len(after) == 0 {
+		t.Fatalf("%d lines before the rotation, %d after", len(before), len(after))
+	}
+	all := append(before, after...)
+	checkOwnership(t, all)
+	counts := map[string]int{}
+	for _, r := range all {
+		counts[r.Event+" "+r.Reason]++
+	}
+	if counts["kick_waiter "] != 1 || counts["force_release "] != 1 || counts["released force"] != 1 || counts["released expired"] != 1 {
+		t.Fatalf("events %v", counts)
+	}
+}
+
+func waitForAuditLines(t *testing.T, path string, n int) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		b, _ := os.ReadFile(path)
+		if bytes.Count(b, []byte("\n")) >= n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("audit log has %q, want %d lines", b, n)
+		}
+	}
+}
+
+func TestAuditLogToStdoutAndWriteFailures(t *testing.T) {
+	t.Run("stdout", func(t *testing.T) {
+		cmd := exec.Command(binary, "-listen", "127.0.0.1:0", "-audit-log", "-", "-log-format", "json")
+		var stdout bytes.Buffer
+		cmd.Stdout = &stdout
+		pipe, err := cmd.StderrPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		defer cmd.Process.Kill()
+		lines := bufio.NewScanner(pipe)
+		var addr string
+		for addr == "" && lines.Scan() {
+			if m := regexp.MustCompile(`"msg":"serving","listen":"([^"]+)"`).FindStringSubmatch(lines.Text()); m != nil {
+				addr = m[1]
+			}
+		}
+		var stderr bytes.Buffer
+		copied := make(chan struct{})
+		go func() { io.Copy(&stderr, pipe); close(copied) }()
+		c, _ := rawAcquire(t, addr, "out", time.Minute)
+		c.Close()
+		time.Sleep(200 * time.Millisecond)
+		cmd.Process.Signal(syscall.SIGTERM)
+		<-copied
+		cmd.Wait()
+		recs := readAudit(t, &stdout)
+		if len(recs) != 2 || recs[0].Event != "granted" || recs[1].Event != "released" {
+			t.Fatalf("stdout: %q", stdout.String())
+		}
+		if !strings.Contains(stderr.String(), `"msg":"shut down"`) || strings.Contains(stdout.String(), `"msg"`) {
+			t.Fatalf("diagnostics not on stderr alone: stderr %q, stdout %q", stderr.String(), stdout.String())
+		}
+	})
+	t.Run("a line that cannot be written is loud and counted", func(t *testing.T) {
+		if _, err := os.Stat("/dev/full"); err != nil {
+			t.Skip("no /dev/full")
+		}
+		s := start(t, nil, "-audit-log", "/dev/full", "-ops-listen", "127.0.0.1:0")
+		c, _ := rawAcquire(t, s.addr, "full", time.Minute)
+		c.Close()
+		waitForLog(t, s, "AUDIT LOG WRITE FAILED")
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+			values, _ := metrics(t, s)
+			if values["monolock_audit_write_errors_total"] == 2 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("audit write errors = %v, want 2", values["monolock_audit_write_errors_total"])
+			}
+		}
+	})
+	t.Run("an audit file that cannot be opened stops the start", func(t *testing.T) {
+		code, _, stderr := runBinary(t, nil, "-listen", "127.0.0.1:0", "-audit-log", filepath.Join(t.TempDir(), "no", "such", "dir"))
+		if code != 2 || strings.Count(stderr, "\n") != 1 || !strings.Contains(stderr, "-audit-log") {
+			t.Fatalf("exit %d, %q", code, stderr)
+		}
+	})
+}
+
+func TestAdminAPI(t *testing.T) {
+	s := start(t, nil, "-admin-listen", "127.0.0.1:0")
+	base := "http://" + s.admin
+	name := "nightly/impört ✓" // a slash and non-ASCII characters
+	escaped := url.PathEscape(name)
+	holder, _ := rawAcquire(t, s.addr, name, time.Minute)
+	var waiters []*rawClient
+	for range 3 {
+		w, f := rawAcquire(t, s.addr, name, time.Minute)
+		if f.Type != monolock.TypeWaiting {
+			t.Fatalf("waiter got %+v", f)
+		}
+		waiters = append(waiters, w)
+	}
+
+	getLock := func() lockJSON {
+		t.Helper()
+		code, body := httpGet(t, base+"/api/locks/"+escaped)
+		var l lockJSON
+		if code != 200 || json.Unmarshal([]byte(body), &l) != nil {
+			t.Fatalf("GET lock: %d %s", code, body)
+		}
+		return l
+	}
+	l := getLock()
+	if l.Name != name || l.Holder == nil || l.Holder.RemoteAddr != holder.LocalAddr().String() || l.Holder.Token == 0 ||
+		l.Holder.LeaseMS != 60000 || len(l.Waiters) != 3 {
+		t.Fatalf("lock %+v", l)
+	}
+	for i, w := range l.Waiters {
+		if w.RemoteAddr != waiters[i].LocalAddr().String() {
+			t.Fatalf("waiters out of FIFO order: %+v", l.Waiters)
+		}
+	}
+
+	// Kick the middle waiter: exactly it goes, the others keep their order.
+	if code, body := httpDo(t, "DELETE", base+"/api/locks/"+escaped+"/waiters/"+url.PathEscape(waiters[1].LocalAddr().String())); code != 200 {
+		t.Fatalf("kick: %d %s", code, body)
+	}
+	waiters[1].expect(monolock.TypeError, monolock.CodeClosedByAdmin)
+	for deadline := time.Now().Add(10 * time.Second); len(getLock().Waiters) != 2; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("kicked waiter still queued")
+		}
+	}
+	if l := getLock(); l.Waiters[0].RemoteAddr != waiters[0].LocalAddr().String() || l.Waiters[1].RemoteAddr != waiters[2].LocalAddr().String() {
+		t.Fatalf("queue after the kick: %+v", l.Waiters)
+	}
+
+	// Force-release: the holder gets 0x02, the next waiter the lock.
+	if code, body := httpDo(t, "POST", base+"/api/locks/"+escaped+"/release"); code != 200 {
+		t.Fatalf("release: %d %s", code, body)
+	}
+	holder.expect(monolock.TypeError, monolock.CodeClosedByAdmin)
+	waiters[0].expect(monolock.TypeAcquired, 0)
+
+	// The table view, from `monolock locks`.
+	code, out, stderr := runBinary(t, nil, "locks", "-admin", s.admin)
+	if code != 0 || !strings.Contains(out, "NAME") || !strings.Contains(out, name) || !strings.Contains(out, waiters[0].LocalAddr().String()) {
+		t.Fatalf("monolock locks: %d\n%s%s", code, out, stderr)
+	}
+
+	// Errors are JSON with a clear message.
+	for _, tc := range []struct {
+		method, path string
+		code         int
+	}{
+		{"GET", "/api/locks/idle", 404},
+		{"POST", "/api/locks/idle/release", 404},
+		{"DELETE", "/api/locks/" + escaped + "/waiters/127.0.0.1:1", 404},
+		{"GET", "/api/locks/" + escaped + "/release", 405},
+		{"POST", "/api/locks", 405},
+		{"GET", "/api/nothing", 404},
+	} {
+		code, body := httpDo(t, tc.method, base+tc.path)
+		var e map[string]string
+		if code != tc.code || json.Unmarshal([]byte(body), &e) != nil || e["error"] == "" {
+			t.Errorf("%s %s: %d %s; want %d with a JSON error", tc.method, tc.path, code, body, tc.code)
+		}
+	}
+
+	code, body := httpGet(t, base+"/api/info")
+	var info map[string]any
+	if code != 200 || json.Unmarshal([]byte(body), &info) != nil || info["version"] == nil || info["config"] == nil || info["counts"] == nil {
+		t.Fatalf("/api/info: %d %s", code, body)
+	}
+}
+
+func TestAdminMatchAgreesWithTheACLGlob(t *testing.T) {
+	s := start(t, nil, "-admin-listen", "127.0.0.1:0")
+	names := []string{"nightly/a", "nightly/a/b", "shard-3", "shard-31", "é", "ab"}
+	for _, n := range names {
+		rawAcquire(t, s.addr, n, time.Minute)
+	}
+	for _, pattern := range []string{"*", "nightly/*", "shard-?", "?", "a*", "*b", "nothing"} {
+		code, body := httpGet(t, "http://"+s.admin+"/api/locks?match="+url.QueryEscape(pattern))
+		var resp struct{ Locks []lockJSON }
+		if code != 200 || json.Unmarshal([]byte(body), &resp) != nil {
+			t.Fatalf("match %q: %d %s", pattern, code, body)
+		}
+		var got, want []string
+		for _, l := range resp.Locks {
+			got = append(got, l.Name)
+		}
+		for _, n := range names {
+			if glob(pattern, n) {
+				want = append(want, n)
+			}
+		}
+		if strings.Join(got, "|") != strings.Join(sorted(want), "|") {
+			t.Errorf("match %q: %q, the ACL glob says %q", pattern, got, want)
+		}
+	}
+}
+
+func sorted(s []string) []string {
+	out := append([]string(nil), s...)
+	for i := range out {
+		for j := i + 1; j < len(out); j++ {
+			if out[j] < out[i] {
+				out[i], out[j] = out[j], out[i]
+			}
+		}
+	}
+	return out
+}
+
+func TestAdminWarnsWhenNotOnLoopback(t *testing.T) {
+	for _, tc := range []struct {
+		addr string
+		want bool
+	}{
+		{"127.0.0.1:7071", true}, {"[::1]:7071", true}, {"localhost:7071", true},
+		{"0.0.0.0:7071", false}, {":7071", false}, {"10.0.0.1:7071", false},
+	} {
+		if got := isLoopback(tc.addr); got != tc.want {
+			t.Errorf("isLoopback(%q) = %v", tc.addr, got)
+		}
+	}
+	s := start(t, nil, "-admin-listen", "0.0.0.0:0")
+	if !strings.Contains(s.log(), "the admin API has no authentication") {
+		t.Fatalf("no warning for an admin API on 0.0.0.0:\n%s", s.log())
+	}
+	s = start(t, nil, "-admin-listen", "127.0.0.1:0")
+	if strings.Contains(s.log(), "no authentication") {
+		t.Fatalf("warning for an admin API on loopback:\n%s", s.log())
+	}
+}
