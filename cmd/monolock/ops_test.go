@@ -631,3 +631,64 @@ func TestAdminWarnsWhenNotOnLoopback(t *testing.T) {
 		t.Fatalf("warning for an admin API on loopback:\n%s", s.log())
 	}
 }
+
+// The stress scenario, through the binary with its audit log on: clients
+// that close, go silent (and expire), or break the protocol, at random, on
+// a few locks. Afterwards the log alone must show ownerships that never
+// overlap and every grant released exactly once.
+func TestAuditLogUnderStress(t *testing.T) {
+	if testing.Short() {
+		t.Skip("stress test")
+	}
+	path := filepath.Join(t.TempDir(), "audit.log")
+	s := start(t, nil, "-audit-log", path)
+	stop := time.Now().Add(2 * time.Second)
+	done := make(chan struct{})
+	for w := range 40 {
+		go func() {
+			defer func() { done <- struct{}{} }()
+			for i := 0; time.Now().Before(stop); i++ {
+				conn, err := net.Dial("tcp", s.addr)
+				if err != nil {
+					return
+				}
+				b, _ := monolock.Frame{Type: monolock.TypeAcquire, LeaseMS: 300, Name: fmt.Sprintf("lock-%d", (w+i)%3)}.AppendBinary(nil)
+				conn.Write(b)
+				conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+				monolock.ReadFrame(conn)
+				switch (w*7 + i) % 4 {
+				case 0: // silent: the server drops it after its lease
+					io.ReadAll(conn)
+				case 1: // breaks the protocol
+					conn.Write([]byte{0x7f})
+					io.ReadAll(conn)
+				default: // holds or waits a moment, then closes
+					time.Sleep(time.Duration((w+i)%20) * time.Millisecond)
+				}
+				conn.Close()
+			}
+		}()
+	}
+	for range 40 {
+		<-done
+	}
+	s.cmd.Process.Signal(syscall.SIGTERM)
+	s.exitCode(t)
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	recs := readAudit(t, f)
+	checkOwnership(t, recs)
+	grants := 0
+	for _, r := range recs {
+		if r.Event == "granted" {
+			grants++
+		}
+	}
+	if grants < 20 {
+		t.Fatalf("only %d grants in the log", grants)
+	}
+	t.Logf("%d audit lines, %d grants", len(recs), grants)
+}
