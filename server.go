@@ -1,7 +1,6 @@
 package monolock
 
 import (
-	"bufio"
 	"container/list"
 	"context"
 	"crypto/tls"
@@ -98,6 +97,9 @@ type session struct {
 
 	wmu  sync.Mutex
 	wbuf [9]byte // guarded by wmu
+
+	rbuf [32]byte // read ahead, so that an ACQUIRE with a short name takes one read
+	r, w uint8    // the unread part of rbuf
 }
 
 func (srv *Server) ioTimeout() time.Duration {
@@ -275,22 +277,13 @@ var (
 
 // run reads and answers frames until the session ends, and says why.
 func (s *session) run() error {
-	srv := s.srv
-	r := bufio.NewReaderSize(s.conn, 64) // an ACQUIRE with a short name in one read
-	ioTimeout := srv.ioTimeout()
-	var lease time.Duration // zero until the ACQUIRE is accepted
 	if tc, ok := s.conn.(*tls.Conn); ok {
-		// Explicitly, so that a client that stalls the handshake meets the
-		// io-timeout like any other, and the identity is known before the
-		// first frame.
-		tc.SetDeadline(time.Now().Add(ioTimeout))
-		if err := tc.Handshake(); err != nil {
-			srv.tlsHandshakeErrors.Add(1)
-			return fmt.Errorf("TLS handshake: %w", err)
+		if err := s.handshake(tc); err != nil {
+			return err
 		}
-		s.identity = Identity(tc.ConnectionState())
 	}
-	deadline := time.Now().Add(ioTimeout)
+	var lease time.Duration // zero until the ACQUIRE is accepted
+	deadline := time.Now().Add(s.srv.ioTimeout())
 	for {
 		s.conn.SetReadDeadline(deadline)
 		// Checked after setting the deadline: Shutdown and the administrator
@@ -299,57 +292,97 @@ func (s *session) run() error {
 		if err := s.stopped(); err != nil {
 			return s.fail(err)
 		}
-		typ, err := r.ReadByte()
-		switch {
-		case err == nil:
-		case s.stopped() != nil:
-			return s.fail(s.stopped())
-		case isTimeout(err) && lease != 0:
-			return errExpired
-		case isTimeout(err):
-			return errIOTimeout
-		default:
-			return err // EOF or reset: the client is gone
+		if s.r == s.w { // the only place an idle session waits
+			n, err := s.conn.Read(s.rbuf[:])
+			if n == 0 {
+				return s.readFailed(err, lease)
+			}
+			s.r, s.w = 0, uint8(n)
 		}
+		typ := s.rbuf[s.r]
+		s.r++
 		seen := time.Now() // lastSeenAt, if the frame turns out valid
 		switch {
 		case typ == TypeHeartbeat && lease == 0:
 			return s.fail(ErrAcquireFirst)
 		case typ == TypeHeartbeat:
-			srv.heartbeats.Add(1)
+			s.srv.heartbeats.Add(1)
 			if err := s.writeState(); err != nil {
 				return err
 			}
 		case typ == TypeAcquire && lease != 0:
 			return s.fail(ErrDuplicateAcquire)
 		case typ == TypeAcquire:
-			s.conn.SetReadDeadline(time.Now().Add(ioTimeout))
-			f, err := readAcquire(r)
-			if isTimeout(err) {
-				return errIOTimeout
-			} else if err != nil {
-				return s.fail(err)
-			}
-			s.name = f.Name
-			if srv.Authorize != nil && !srv.Authorize(s.identity, f.Name) {
-				srv.denials.Add(1)
-				srv.mu.Lock()
-				srv.emitLocked(Event{Type: EventDenied}, s)
-				srv.mu.Unlock()
-				return s.fail(fmt.Errorf("%w %q", ErrNotAuthorized, f.Name))
-			}
-			seen = time.Now()
-			lease = time.Duration(f.LeaseMS) * time.Millisecond
-			s.lease = lease
-			srv.acquires.Add(1)
-			if err := srv.acquire(s); err != nil {
+			var err error
+			if lease, err = s.acquire(); err != nil {
 				return err
 			}
+			seen = time.Now()
 		default:
 			return s.fail(unknownType(typ))
 		}
 		deadline = seen.Add(lease)
 	}
+}
+
+// handshake completes a TLS handshake explicitly, so that a client that
+// stalls it meets the io-timeout like any other, and the identity is known
+// before the first frame.
+func (s *session) handshake(tc *tls.Conn) error {
+	tc.SetDeadline(time.Now().Add(s.srv.ioTimeout()))
+	if err := tc.Handshake(); err != nil {
+		s.srv.tlsHandshakeErrors.Add(1)
+		return fmt.Errorf("TLS handshake: %w", err)
+	}
+	s.identity = Identity(tc.ConnectionState())
+	return nil
+}
+
+// readFailed says why the read of a frame's first byte failed.
+func (s *session) readFailed(err error, lease time.Duration) error {
+	switch {
+	case s.stopped() != nil:
+		return s.fail(s.stopped())
+	case isTimeout(err) && lease != 0:
+		return errExpired
+	case isTimeout(err):
+		return errIOTimeout
+	}
+	return err // EOF or reset: the client is gone
+}
+
+// acquire reads the rest of an ACQUIRE, checks it, and joins the lock's
+// table; it returns the session's lease.
+func (s *session) acquire() (time.Duration, error) {
+	srv := s.srv
+	s.conn.SetReadDeadline(time.Now().Add(srv.ioTimeout()))
+	f, err := readAcquire(s)
+	if isTimeout(err) {
+		return 0, errIOTimeout
+	} else if err != nil {
+		return 0, s.fail(err)
+	}
+	s.name = f.Name
+	if srv.Authorize != nil && !srv.Authorize(s.identity, f.Name) {
+		srv.denials.Add(1)
+		srv.mu.Lock()
+		srv.emitLocked(Event{Type: EventDenied}, s)
+		srv.mu.Unlock()
+		return 0, s.fail(fmt.Errorf("%w %q", ErrNotAuthorized, f.Name))
+	}
+	s.lease = time.Duration(f.LeaseMS) * time.Millisecond
+	srv.acquires.Add(1)
+	return s.lease, srv.join(s)
+}
+
+// Read is io.Reader through the session's buffer, for the rest of a frame.
+func (s *session) Read(p []byte) (int, error) {
+	if s.r == s.w {
+		return s.conn.Read(p)
+	}
+	n := copy(p, s.rbuf[s.r:s.w])
+	s.r += uint8(n)
+	return n, nil
 }
 
 // Identity returns the client's identity from a TLS connection's state:
@@ -374,10 +407,10 @@ func isTimeout(err error) bool {
 	return errors.As(err, &ne) && ne.Timeout()
 }
 
-// acquire makes s the holder or the last waiter of its lock and writes the
+// join makes s the holder or the last waiter of its lock and writes the
 // answer. wmu is held from before the table changes until the answer is
 // written, so a promotion that races it is pushed after the WAITING.
-func (srv *Server) acquire(s *session) error {
+func (srv *Server) join(s *session) error {
 	s.wmu.Lock()
 	defer s.wmu.Unlock()
 	srv.mu.Lock()

@@ -1,0 +1,486 @@
+// Command monolock-bench is a load generator for a monolock server, in the
+// spirit of redis-benchmark. It speaks the raw protocol and measures:
+//
+//	cycle     N workers dial, acquire a lock of their own, read ACQUIRED, close
+//	handover  N workers contend for one lock; the time from a holder's close
+//	          to the next holder's ACQUIRED
+//	hold      K sessions hold or wait and heartbeat every lease/4; heartbeat
+//	          reply latency, and with -pid the server's memory and CPU
+//	detect    a holder goes silent; the time until its waiter is granted
+//
+// Usage:
+//
+//	monolock-bench [flags] cycle|handover|hold|detect
+package main
+
+import (
+	"bufio"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"math"
+	"net"
+	"os"
+	"os/exec"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"monolock"
+)
+
+type config struct {
+	Addr     string        `json:"addr"`
+	Workers  int           `json:"workers"`
+	Duration time.Duration `json:"duration"`
+	Sessions int           `json:"sessions"`
+	Locks    int           `json:"locks"`
+	Lease    time.Duration `json:"lease"`
+	Sources  int           `json:"sources"`
+	First    int           `json:"first"` // index of this process's first session (workers)
+}
+
+func main() {
+	var c config
+	fs := flag.NewFlagSet("monolock-bench", flag.ExitOnError)
+	fs.StringVar(&c.Addr, "addr", "127.0.0.1:7070", "server `address`")
+	fs.IntVar(&c.Workers, "n", 8, "workers (cycle, handover)")
+	fs.DurationVar(&c.Duration, "d", 10*time.Second, "how long to measure")
+	fs.IntVar(&c.Sessions, "sessions", 1000, "sessions to open (hold)")
+	fs.IntVar(&c.Locks, "locks", 0, "locks the sessions share (hold; 0: one each, all holders)")
+	fs.DurationVar(&c.Lease, "lease", 5*time.Second, "lease of every session")
+	fs.IntVar(&c.Sources, "sources", 1, "loopback source addresses to spread connections over: 127.0.0.1, 127.0.0.2, ...")
+	procs := fs.Int("procs", 1, "worker processes to split the connections over (cycle, hold)")
+	pid := fs.Int("pid", 0, "the server's process id, to report its memory and CPU (hold)")
+	worker := fs.Bool("worker", false, "run as a worker process of another monolock-bench (internal)")
+	fs.Usage = func() {
+		fmt.Fprintln(os.Stderr, "Usage: monolock-bench [flags] cycle|handover|hold|detect")
+		fs.PrintDefaults()
+	}
+	fs.Parse(os.Args[1:])
+	if fs.NArg() != 1 {
+		fs.Usage()
+		os.Exit(2)
+	}
+	scenario := fs.Arg(0)
+	limit := raiseFileLimit()
+
+	if *worker {
+		var r result
+		switch scenario {
+		case "cycle":
+			r = cycle(c)
+		case "hold":
+			r = hold(c, func() {
+				fmt.Println("ready")
+				os.Stdin.Read(make([]byte, 1)) // the parent starts every worker at once
+			})
+		}
+		json.NewEncoder(os.Stdout).Encode(r)
+		return
+	}
+
+	fmt.Printf("monolock-bench %s: server %s, descriptor limit %d, %d process(es), %d source address(es)\n",
+		scenario, c.Addr, limit, *procs, c.Sources)
+	switch scenario {
+	case "cycle":
+		r := split(c, *procs, scenario, c.Workers, nil)
+		r.print("acquire-release cycles (dial, ACQUIRE, ACQUIRED, close)", c.Duration)
+	case "handover":
+		handover(c).print("handovers (holder's close to the next holder's ACQUIRED)", c.Duration)
+	case "hold":
+		var idle, loaded procStat
+		if *pid != 0 {
+			idle = readProc(*pid)
+		}
+		// Between the ramp-up and the heartbeat window: the server's memory
+		// with every session open, and its CPU counter at the start.
+		ready := func() {
+			if *pid != 0 {
+				time.Sleep(time.Second)
+				loaded = readProc(*pid)
+			}
+		}
+		r := split(c, *procs, scenario, c.Sessions, ready)
+		fmt.Printf("sessions open: %d (%d failed) in %v\n", r.Opened, r.Failed, r.RampUp.Round(time.Millisecond))
+		if *pid != 0 {
+			done := readProc(*pid)
+			fmt.Printf("server RSS: %.1f MiB idle, %.1f MiB with the sessions: %.2f KiB per session\n",
+				float64(idle.rss)/(1<<20), float64(loaded.rss)/(1<<20),
+				float64(loaded.rss-idle.rss)/float64(max(r.Opened, 1))/1024)
+			fmt.Printf("server CPU while heartbeating: %.1f%% of one core\n",
+				100*(done.ticks-loaded.ticks)/clockTicks/c.Duration.Seconds())
+		}
+		r.print("heartbeat replies (send to reply)", c.Duration)
+	case "detect":
+		detect(c).print("detections (silent holder's last send to the waiter's ACQUIRED)", 0)
+	default:
+		fs.Usage()
+		os.Exit(2)
+	}
+}
+
+// result is what a scenario measured; workers send it as JSON.
+type result struct {
+	Samples []time.Duration `json:"samples"`
+	Errors  int             `json:"errors"`
+	Opened  int             `json:"opened"`
+	Failed  int             `json:"failed"`
+	RampUp  time.Duration   `json:"ramp_up"`
+}
+
+func (r result) print(what string, d time.Duration) {
+	s := slices.Clone(r.Samples)
+	slices.Sort(s)
+	if len(s) == 0 {
+		fmt.Printf("%s: none measured (%d errors)\n", what, r.Errors)
+		return
+	}
+	q := func(p float64) time.Duration { return s[min(len(s)-1, int(math.Ceil(p*float64(len(s))))-1)] }
+	fmt.Printf("%s: %d", what, len(s))
+	if d > 0 {
+		fmt.Printf(" in %v (%.0f/s)", d, float64(len(s))/d.Seconds())
+	}
+	fmt.Printf(", %d errors\n  latency p50 %s  p90 %s  p99 %s  max %s\n", r.Errors, ms(q(0.5)), ms(q(0.9)), ms(q(0.99)), ms(s[len(s)-1]))
+}
+
+func ms(d time.Duration) string { return strconv.FormatFloat(float64(d)/1e6, 'f', 3, 64) + "ms" }
+
+// split runs the scenario in procs worker processes, each with its share
+// of n, and merges what they measured. For hold, ready runs once every
+// worker has opened its sessions, before any heartbeat is measured.
+func split(c config, procs int, scenario string, n int, ready func()) result {
+	if ready == nil {
+		ready = func() {}
+	}
+	if procs <= 1 {
+		if scenario == "cycle" {
+			return cycle(c)
+		}
+		return hold(c, ready)
+	}
+	var merged result
+	var mu sync.Mutex
+	var wg, opened sync.WaitGroup
+	start := make(chan struct{})
+	opened.Add(procs)
+	go func() {
+		opened.Wait()
+		ready()
+		close(start)
+	}()
+	for p := range procs {
+		share := n / procs
+		if p < n%procs {
+			share++
+		}
+		wc := c
+		wc.Workers, wc.Sessions = share, share
+		wc.First = p * (n/procs + 1)
+		wg.Go(func() {
+			args := []string{"-worker", "-addr", wc.Addr, "-n", strconv.Itoa(wc.Workers), "-d", wc.Duration.String(),
+				"-sessions", strconv.Itoa(wc.Sessions), "-locks", strconv.Itoa(wc.Locks), "-lease", wc.Lease.String(),
+				"-sources", strconv.Itoa(wc.Sources), scenario}
+			cmd := exec.Command(os.Args[0], args...)
+			cmd.Env = append(os.Environ(), "MONOLOCK_BENCH_FIRST="+strconv.Itoa(wc.First))
+			cmd.Stderr = os.Stderr
+			stdin, _ := cmd.StdinPipe()
+			stdout, _ := cmd.StdoutPipe()
+			var r result
+			err := cmd.Start()
+			if err == nil {
+				out := bufio.NewReader(stdout)
+				if scenario == "hold" {
+					out.ReadString('\n') // "ready"
+					opened.Done()
+					<-start
+				}
+				stdin.Write([]byte{1})
+				err = json.NewDecoder(out).Decode(&r)
+				cmd.Wait()
+			} else if scenario == "hold" {
+				opened.Done()
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				fmt.Fprintf(os.Stderr, "worker %d: %v\n", p, err)
+				merged.Errors++
+				return
+			}
+			merged.Samples = append(merged.Samples, r.Samples...)
+			merged.Errors += r.Errors
+			merged.Opened += r.Opened
+			merged.Failed += r.Failed
+			merged.RampUp = max(merged.RampUp, r.RampUp)
+		})
+	}
+	wg.Wait()
+	return merged
+}
+
+var sourceIndex atomic.Int64
+
+// dial connects from one of the -sources loopback addresses in turn.
+func dial(c config) (net.Conn, error) {
+	d := net.Dialer{Timeout: 10 * time.Second}
+	if c.Sources > 1 {
+		i := sourceIndex.Add(1) % int64(c.Sources)
+		d.LocalAddr = &net.TCPAddr{IP: net.IPv4(127, 0, 0, byte(1+i))}
+	}
+	return d.Dial("tcp", c.Addr)
+}
+
+func acquireFrame(name string, lease time.Duration) []byte {
+	b, _ := monolock.Frame{Type: monolock.TypeAcquire, LeaseMS: uint32(lease / time.Millisecond), Name: name}.AppendBinary(nil)
+	return b
+}
+
+// readGrant reads frames until ACQUIRED.
+func readGrant(r io.Reader) error {
+	for {
+		f, err := monolock.ReadFrame(r)
+		if err != nil {
+			return err
+		}
+		switch f.Type {
+		case monolock.TypeAcquired:
+			return nil
+		case monolock.TypeError:
+			return &monolock.ServerError{Code: f.Code, Reason: f.Reason}
+		}
+	}
+}
+
+func cycle(c config) result {
+	var r result
+	var mu sync.Mutex
+	end := time.Now().Add(c.Duration)
+	prefix := "cycle-" + os.Getenv("MONOLOCK_BENCH_FIRST") + "-"
+	var wg sync.WaitGroup
+	for w := range c.Workers {
+		wg.Go(func() {
+			var samples []time.Duration
+			errs := 0
+			for i := 0; time.Now().Before(end); i++ {
+				start := time.Now()
+				conn, err := dial(c)
+				if err != nil {
+					errs++
+					continue
+				}
+				conn.Write(acquireFrame(prefix+strconv.Itoa(w)+"-"+strconv.Itoa(i), c.Lease))
+				if err := readGrant(conn); err != nil {
+					errs++
+				} else {
+					samples = append(samples, time.Since(start))
+				}
+				conn.Close()
+			}
+			mu.Lock()
+			r.Samples = append(r.Samples, samples...)
+			r.Errors += errs
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	return r
+}
+
+func handover(c config) result {
+	type grant struct{ granted, released time.Time }
+	var mu sync.Mutex
+	var grants []grant
+	errs := 0
+	end := time.Now().Add(c.Duration)
+	var wg sync.WaitGroup
+	for range c.Workers {
+		wg.Go(func() {
+			for time.Now().Before(end) {
+				conn, err := dial(c)
+				if err != nil {
+					mu.Lock()
+					errs++
+					mu.Unlock()
+					continue
+				}
+				conn.Write(acquireFrame("handover", c.Lease))
+				err = readGrant(bufio.NewReaderSize(conn, 64))
+				g := grant{granted: time.Now()}
+				g.released = time.Now()
+				conn.Close()
+				mu.Lock()
+				if err != nil {
+					errs++
+				} else {
+					grants = append(grants, g)
+				}
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	slices.SortFunc(grants, func(a, b grant) int { return a.granted.Compare(b.granted) })
+	r := result{Errors: errs}
+	for i := 1; i < len(grants); i++ {
+		// Only handovers to a waiter already queued: a gap means nobody waited.
+		if d := grants[i].granted.Sub(grants[i-1].released); d >= 0 && d < 100*time.Millisecond {
+			r.Samples = append(r.Samples, d)
+		}
+	}
+	return r
+}
+
+// hold opens the sessions, calls ready, then heartbeats them every lease/4
+// for the duration and measures the replies.
+func hold(c config, ready func()) result {
+	var r result
+	locks := c.Locks
+	first, _ := strconv.Atoi(os.Getenv("MONOLOCK_BENCH_FIRST"))
+	start := time.Now()
+	type sess struct {
+		conn net.Conn
+		r    *bufio.Reader
+	}
+	sessions := make([]sess, 0, c.Sessions)
+	for i := range c.Sessions {
+		name := "hold-" + strconv.Itoa(first+i)
+		if locks > 0 {
+			name = "hold-" + strconv.Itoa((first+i)%locks)
+		}
+		conn, err := dial(c)
+		if err != nil {
+			r.Failed++
+			if r.Failed == 1 {
+				fmt.Fprintf(os.Stderr, "dial: %v\n", err)
+			}
+			continue
+		}
+		conn.Write(acquireFrame(name, c.Lease))
+		br := bufio.NewReaderSize(conn, 64)
+		conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+		if _, err := monolock.ReadFrame(br); err != nil {
+			r.Failed++
+			conn.Close()
+			continue
+		}
+		sessions = append(sessions, sess{conn, br})
+	}
+	r.Opened = len(sessions)
+	r.RampUp = time.Since(start)
+	ready()
+	var mu sync.Mutex
+	end := time.Now().Add(c.Duration)
+	interval := c.Lease / 4
+	var wg sync.WaitGroup
+	for i, s := range sessions {
+		wg.Go(func() {
+			// Spread the first heartbeats over one interval.
+			time.Sleep(time.Duration(int64(interval) * int64(i) / int64(len(sessions))))
+			var samples []time.Duration
+			errs := 0
+			hb := []byte{monolock.TypeHeartbeat}
+			for next := time.Now(); next.Before(end); next = next.Add(interval) {
+				time.Sleep(time.Until(next))
+				sent := time.Now()
+				s.conn.SetDeadline(sent.Add(c.Lease))
+				if _, err := s.conn.Write(hb); err != nil {
+					errs++
+					break
+				}
+				if _, err := monolock.ReadFrame(s.r); err != nil {
+					errs++
+					break
+				}
+				samples = append(samples, time.Since(sent))
+			}
+			mu.Lock()
+			r.Samples = append(r.Samples, samples...)
+			r.Errors += errs
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	for _, s := range sessions {
+		s.conn.Close()
+	}
+	return r
+}
+
+func detect(c config) result {
+	var r result
+	for i := range 5 {
+		name := "detect-" + strconv.Itoa(i) + "-" + strconv.FormatInt(time.Now().UnixNano(), 10)
+		holder, err := dial(c)
+		if err != nil {
+			r.Errors++
+			continue
+		}
+		sent := time.Now()
+		holder.Write(acquireFrame(name, c.Lease))
+		if err := readGrant(holder); err != nil {
+			r.Errors++
+			holder.Close()
+			continue
+		}
+		waiter, err := dial(c)
+		if err != nil {
+			r.Errors++
+			holder.Close()
+			continue
+		}
+		waiter.Write(acquireFrame(name, time.Hour))
+		if err := readGrant(waiter); err != nil {
+			r.Errors++
+		} else {
+			r.Samples = append(r.Samples, time.Since(sent))
+		}
+		holder.Close()
+		waiter.Close()
+	}
+	fmt.Printf("lease %v: the server can drop a silent holder no sooner than its lease after its last frame\n", c.Lease)
+	return r
+}
+
+// raiseFileLimit raises the soft descriptor limit to the hard one.
+func raiseFileLimit() uint64 {
+	var l syscall.Rlimit
+	if syscall.Getrlimit(syscall.RLIMIT_NOFILE, &l) != nil {
+		return 0
+	}
+	l.Cur = l.Max
+	syscall.Setrlimit(syscall.RLIMIT_NOFILE, &l)
+	syscall.Getrlimit(syscall.RLIMIT_NOFILE, &l)
+	return l.Cur
+}
+
+const clockTicks = 100 // USER_HZ on Linux
+
+type procStat struct {
+	rss   int64   // bytes
+	ticks float64 // user + system CPU
+}
+
+func readProc(pid int) procStat {
+	var st procStat
+	if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid)); err == nil {
+		for _, line := range strings.Split(string(b), "\n") {
+			if strings.HasPrefix(line, "VmRSS:") {
+				kb, _ := strconv.ParseInt(strings.Fields(line)[1], 10, 64)
+				st.rss = kb * 1024
+			}
+		}
+	}
+	if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid)); err == nil {
+		f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+2:]))
+		utime, _ := strconv.ParseFloat(f[11], 64)
+		stime, _ := strconv.ParseFloat(f[12], 64)
+		st.ticks = utime + stime
+	}
+	return st
+}
