@@ -336,27 +336,29 @@ func handover(c config) result {
 	return r
 }
 
-// hold opens the sessions, calls ready, then heartbeats them every lease/4
-// for the duration and measures the replies.
+// hold opens the sessions, each heartbeating every lease/4 from the moment
+// it is open, calls ready once all are, and then measures the replies for
+// the duration.
 func hold(c config, ready func()) result {
 	var r result
-	locks := c.Locks
 	first, _ := strconv.Atoi(os.Getenv("MONOLOCK_BENCH_FIRST"))
+	interval := c.Lease / 4
+	var (
+		mu       sync.Mutex
+		wg       sync.WaitGroup
+		measure  = make(chan struct{}) // closed when the window opens
+		stop     atomic.Bool
+		windowAt time.Time
+	)
 	start := time.Now()
-	type sess struct {
-		conn net.Conn
-		r    *bufio.Reader
-	}
-	sessions := make([]sess, 0, c.Sessions)
 	for i := range c.Sessions {
 		name := "hold-" + strconv.Itoa(first+i)
-		if locks > 0 {
-			name = "hold-" + strconv.Itoa((first+i)%locks)
+		if c.Locks > 0 {
+			name = "hold-" + strconv.Itoa((first+i)%c.Locks)
 		}
 		conn, err := dial(c)
 		if err != nil {
-			r.Failed++
-			if r.Failed == 1 {
+			if r.Failed++; r.Failed == 1 {
 				fmt.Fprintf(os.Stderr, "dial: %v\n", err)
 			}
 			continue
@@ -369,35 +371,34 @@ func hold(c config, ready func()) result {
 			conn.Close()
 			continue
 		}
-		sessions = append(sessions, sess{conn, br})
-	}
-	r.Opened = len(sessions)
-	r.RampUp = time.Since(start)
-	ready()
-	var mu sync.Mutex
-	end := time.Now().Add(c.Duration)
-	interval := c.Lease / 4
-	var wg sync.WaitGroup
-	for i, s := range sessions {
+		r.Opened++
 		wg.Go(func() {
-			// Spread the first heartbeats over one interval.
-			time.Sleep(time.Duration(int64(interval) * int64(i) / int64(len(sessions))))
+			defer conn.Close()
 			var samples []time.Duration
 			errs := 0
 			hb := []byte{monolock.TypeHeartbeat}
-			for next := time.Now(); next.Before(end); next = next.Add(interval) {
+			for next := time.Now().Add(interval); !stop.Load(); next = next.Add(interval) {
 				time.Sleep(time.Until(next))
 				sent := time.Now()
-				s.conn.SetDeadline(sent.Add(c.Lease))
-				if _, err := s.conn.Write(hb); err != nil {
+				conn.SetDeadline(sent.Add(c.Lease))
+				_, err := conn.Write(hb)
+				if err == nil {
+					// A waiter may read its promotion first: replies are
+					// what answer the heartbeat, and WAITING or ACQUIRED
+					// both do.
+					_, err = monolock.ReadFrame(br)
+				}
+				if err != nil {
 					errs++
 					break
 				}
-				if _, err := monolock.ReadFrame(s.r); err != nil {
-					errs++
-					break
+				select {
+				case <-measure:
+					if !sent.Before(windowAt) && sent.Before(windowAt.Add(c.Duration)) {
+						samples = append(samples, time.Since(sent))
+					}
+				default:
 				}
-				samples = append(samples, time.Since(sent))
 			}
 			mu.Lock()
 			r.Samples = append(r.Samples, samples...)
@@ -405,10 +406,13 @@ func hold(c config, ready func()) result {
 			mu.Unlock()
 		})
 	}
+	r.RampUp = time.Since(start)
+	ready()
+	windowAt = time.Now()
+	close(measure)
+	time.Sleep(c.Duration)
+	stop.Store(true)
 	wg.Wait()
-	for _, s := range sessions {
-		s.conn.Close()
-	}
 	return r
 }
 
