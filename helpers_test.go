@@ -1,6 +1,7 @@
 package monolock
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"io"
@@ -55,6 +56,7 @@ func serveOn(t testing.TB, srv *Server, l net.Listener) string {
 type raw struct {
 	t testing.TB
 	net.Conn
+	patience time.Duration // how long it waits for a frame; 0 means wait
 }
 
 func dialRaw(t testing.TB, addr string) *raw {
@@ -64,7 +66,7 @@ func dialRaw(t testing.TB, addr string) *raw {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.Close() })
-	return &raw{t, c}
+	return &raw{t: t, Conn: c}
 }
 
 func (c *raw) send(frames ...Frame) {
@@ -101,7 +103,7 @@ func (c *raw) read(d time.Duration) (Frame, error) {
 
 func (c *raw) expect(want Frame) Frame {
 	c.t.Helper()
-	got, err := c.read(wait)
+	got, err := c.read(cmp.Or(c.patience, wait))
 	if err != nil {
 		c.t.Fatalf("reading %v: %v", want, err)
 	}
@@ -127,7 +129,7 @@ func (c *raw) expectError(code Code) Frame {
 	if !strings.HasPrefix(f.Reason, code.String()) {
 		c.t.Errorf("reason %q does not start with the canonical %q", f.Reason, code.String())
 	}
-	c.expectClosed(wait)
+	c.expectClosed(cmp.Or(c.patience, wait))
 	return f
 }
 
