@@ -205,6 +205,9 @@ func FuzzReadFrame(f *testing.F) {
 	f.Add(unhex(f, "01 01 00000001 ffff"))
 	f.Add(unhex(f, "01 02"))
 	f.Add([]byte{})
+	for _, v := range loadVectors(f) {
+		f.Add(v.bytes())
+	}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		r := bytes.NewReader(data)
 		frame, err := ReadFrame(r)

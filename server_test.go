@@ -502,6 +502,11 @@ func FuzzServerSession(f *testing.F) {
 		}
 		seeds = append(seeds, b)
 	}
+	for _, v := range loadVectors(f) {
+		if v.dir == "client" {
+			seeds = append(seeds, v.bytes())
+		}
+	}
 	for _, s := range seeds {
 		f.Add(s)
 	}
