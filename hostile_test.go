@@ -111,3 +111,31 @@ func TestHugeNameLenHoldsNoMemory(t *testing.T) {
 	}
 	t.Logf("%d bytes of heap and stack per half-sent ACQUIRE, both ends", per)
 }
+
+// An idle session's goroutine keeps the smallest stack Go gives: the first
+// frame's deeper work is done on a goroutine that then ends (see serve).
+// 4 KiB a session here would mean a stack that grew and stayed grown.
+func TestIdleSessionsKeepSmallStacks(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector enlarges every frame")
+	}
+	srv := &Server{}
+	addr := startServer(t, srv)
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	const n = 2000
+	for i := range n {
+		c := dialRaw(t, addr)
+		c.send(acquire("stack-"+strconv.Itoa(i), time.Minute), heartbeat)
+		c.expectAcquired()
+		c.expectAcquired()
+	}
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	per := (int64(after.StackInuse) - int64(before.StackInuse)) / n
+	t.Logf("%d bytes of stack per idle session", per)
+	if per > 3<<10 {
+		t.Fatalf("%d bytes of stack per idle session, want about 2 KiB", per)
+	}
+}

@@ -1,0 +1,5 @@
+//go:build !race
+
+package monolock
+
+const raceEnabled = false
