@@ -47,12 +47,12 @@ type Server struct {
 	OnEvent func(Event)
 
 	closing atomic.Bool
-	wg      sync.WaitGroup // one per session goroutine
+	wg      sync.WaitGroup // one per session, until its goroutine ends it
 	eventWG sync.WaitGroup // the event goroutine, while there is one
 
 	accepted, acceptErrors, tlsHandshakeErrors atomic.Uint64
 	acquires, denials, heartbeats              atomic.Uint64
-	protocolErrors                             [256]atomic.Uint64 // by code sent
+	protocolErrors                             [256]atomic.Uint64 // ERROR frames sent, by code
 
 	mu         sync.Mutex // guards everything below; never held during I/O
 	locks      map[string]*lock
@@ -74,9 +74,9 @@ type lock struct {
 	waiters list.List // of *session, strict FIFO
 }
 
-// session is one connection. Its goroutine is the only reader of conn and
-// the only one that removes it from the table; writes come from it and
-// from whoever promotes it, serialized by wmu.
+// session is one connection. Its goroutine (one at a time: see serve) is
+// the only reader of conn and the only one that removes it from the table;
+// writes come from it and from whoever promotes it, serialized by wmu.
 type session struct {
 	srv      *Server
 	conn     net.Conn

@@ -180,17 +180,8 @@ func TestServeHandoverAndGracefulShutdown(t *testing.T) {
 
 func TestSecondSignalExitsAtOnce(t *testing.T) {
 	s := start(t, nil, "-io-timeout", "1m")
-	// A holder that floods heartbeats and never reads blocks the server's
-	// writes to it, so the graceful shutdown cannot finish for a minute.
-	c, _ := dial(t, s.addr, "stuck")
-	c.(*net.TCPConn).SetReadBuffer(1024)
-	flood := bytes.Repeat([]byte{monolock.TypeHeartbeat}, 1<<16)
-	for {
-		c.SetWriteDeadline(time.Now().Add(time.Second))
-		if n, err := c.Write(flood); err != nil && n == 0 {
-			break
-		}
-	}
+	// The graceful shutdown cannot finish for a minute.
+	stuckHolder(t, s.addr)
 	s.cmd.Process.Signal(syscall.SIGTERM)
 	time.Sleep(200 * time.Millisecond)
 	s.cmd.Process.Signal(syscall.SIGINT)
@@ -275,5 +266,21 @@ func TestFlagsAndEnvironment(t *testing.T) {
 	s.exitCode(t)
 	if !strings.HasPrefix(s.log(), "time=") {
 		t.Errorf("-log-format text did not beat the environment: %q", s.log())
+	}
+}
+
+// stuckHolder makes a holder that floods heartbeats and never reads, and
+// returns once the server has stopped reading it for a second: the
+// server's writes to it are blocked until its io-timeout.
+func stuckHolder(t *testing.T, addr string) {
+	t.Helper()
+	c, _ := dial(t, addr, "stuck")
+	c.(*net.TCPConn).SetReadBuffer(1024)
+	flood := bytes.Repeat([]byte{monolock.TypeHeartbeat}, 1<<16)
+	for {
+		c.SetWriteDeadline(time.Now().Add(time.Second))
+		if n, err := c.Write(flood); err != nil && n == 0 {
+			return
+		}
 	}
 }

@@ -249,16 +249,7 @@ func TestHealthTurns503WhenShutdownBegins(t *testing.T) {
 	if code, _ := httpGet(t, "http://"+s.ops+"/readyz"); code != 200 {
 		t.Fatalf("/readyz: %d", code)
 	}
-	// A holder that never reads keeps the shutdown busy for the io-timeout.
-	c, _ := dial(t, s.addr, "stuck")
-	c.(*net.TCPConn).SetReadBuffer(1024)
-	flood := bytes.Repeat([]byte{monolock.TypeHeartbeat}, 1<<16)
-	for {
-		c.SetWriteDeadline(time.Now().Add(time.Second))
-		if n, err := c.Write(flood); err != nil && n == 0 {
-			break
-		}
-	}
+	stuckHolder(t, s.addr) // keeps the shutdown busy for the io-timeout
 	s.cmd.Process.Signal(syscall.SIGTERM)
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
 		resp, err := http.Get("http://" + s.ops + "/healthz")
