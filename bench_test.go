@@ -13,7 +13,7 @@ import (
 // responder that does the same socket work with no lock table, so that
 // the ratio of the two is the cost of monolock itself on this machine.
 //
-//	go test -run XXX -bench . -count 5
+//	go test -run '^$' -bench . -count 5
 
 // BenchmarkHandover measures the time from a holder closing its connection
 // to its waiter reading the pushed ACQUIRED.
