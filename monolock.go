@@ -58,6 +58,12 @@
 //	...
 //	srv.Shutdown(ctx) // ERROR 0x01 to every session, then close
 //
+// For operators, a Server has small hooks: Authorize (with the identity
+// of a verified TLS client certificate, see Identity), OnEvent (grants and
+// releases in table order), Stats, Locks, ForceRelease and KickWaiter. The
+// monolock command builds TLS, rules, metrics, the audit log and the admin
+// API on them.
+//
 // The wire format is in protocol.go and, normatively, in the protocol page
 // of the specification.
 package monolock
