@@ -161,13 +161,22 @@ func isReset(err error) bool {
 
 // holderAndWaiter returns a holder of name and a waiter queued behind it.
 func holderAndWaiter(t *testing.T, addr, name string) (holder, waiter *raw, token uint64) {
+	holder, waiters, token := queue(t, addr, name, 1)
+	return holder, waiters[0], token
+}
+
+// queue returns a holder of name and n waiters queued behind it, in order.
+func queue(t *testing.T, addr, name string, n int) (holder *raw, waiters []*raw, token uint64) {
 	holder = dialRaw(t, addr)
 	holder.send(acquire(name, time.Minute))
 	token = holder.expectAcquired()
-	waiter = dialRaw(t, addr)
-	waiter.send(acquire(name, time.Minute))
-	waiter.expectWaiting()
-	return holder, waiter, token
+	for range n {
+		w := dialRaw(t, addr)
+		w.send(acquire(name, time.Minute))
+		w.expectWaiting()
+		waiters = append(waiters, w)
+	}
+	return holder, waiters, token
 }
 
 type smallSendBuffers struct{ net.Listener }

@@ -34,16 +34,7 @@ func TestForceReleaseAndKickWaiter(t *testing.T) {
 	var log eventLog
 	srv := &Server{OnEvent: log.add}
 	addr := startServer(t, srv)
-	holder := dialRaw(t, addr)
-	holder.send(acquire("stuck", time.Minute))
-	holder.expectAcquired()
-	var waiters []*raw
-	for range 4 {
-		w := dialRaw(t, addr)
-		w.send(acquire("stuck", time.Minute))
-		w.expectWaiting()
-		waiters = append(waiters, w)
-	}
+	holder, waiters, _ := queue(t, addr, "stuck", 4)
 	info, ok := srv.Lock("stuck")
 	if !ok || info.Holder == nil || len(info.Waiters) != 4 || info.Holder.RemoteAddr != holder.LocalAddr().String() {
 		t.Fatalf("snapshot %+v", info)

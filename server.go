@@ -465,7 +465,7 @@ func (srv *Server) grantLocked(l *lock, s *session) uint64 {
 	now := time.Now()
 	wait := now.Sub(s.since)
 	l.holder, s.since = s, now
-	token := srv.nextTokenLocked()
+	token := srv.nextTokenLocked(now)
 	s.token.Store(token)
 	srv.grants++
 	srv.waitTotal += wait
@@ -476,11 +476,11 @@ func (srv *Server) grantLocked(l *lock, s *session) uint64 {
 // nextTokenLocked returns the next fencing token: above every token this
 // process gave, and at least the wall clock in nanoseconds, so that a
 // restarted server continues above its predecessor as long as the clock
-// did not step back in between. Never 0.
-func (srv *Server) nextTokenLocked() uint64 {
+// did not step back in between. Never 0. now is the time of the grant.
+func (srv *Server) nextTokenLocked(now time.Time) uint64 {
 	t := srv.lastToken + 1
-	if now := time.Now().UnixNano(); now > 0 && uint64(now) > t {
-		t = uint64(now)
+	if ns := now.UnixNano(); ns > 0 && uint64(ns) > t {
+		t = uint64(ns)
 	}
 	srv.lastToken = t
 	return t

@@ -41,16 +41,7 @@ func TestGrantWaitAndPushPromotion(t *testing.T) {
 
 func TestFIFOOrderAndLeavingFromTheMiddle(t *testing.T) {
 	addr := startServer(t, &Server{})
-	holder := dialRaw(t, addr)
-	holder.send(acquire("q", time.Minute))
-	holder.expectAcquired()
-	var waiters []*raw
-	for range 5 {
-		w := dialRaw(t, addr)
-		w.send(acquire("q", time.Minute))
-		w.expectWaiting()
-		waiters = append(waiters, w)
-	}
+	holder, waiters, _ := queue(t, addr, "q", 5)
 	waiters[2].Close() // leaves from the middle
 	order := []int{0, 1, 3, 4}
 	prev := holder
@@ -390,13 +381,13 @@ func orDefault(s, def string) string {
 func TestTokenSequence(t *testing.T) {
 	srv := &Server{}
 	srv.lastToken = 1 << 62 // far above the wall clock: the sequence goes on from here
-	a, b := srv.nextTokenLocked(), srv.nextTokenLocked()
+	a, b := srv.nextTokenLocked(time.Now()), srv.nextTokenLocked(time.Now())
 	if a != 1<<62+1 || b != a+1 {
 		t.Fatalf("tokens %d, %d after %d", a, b, uint64(1<<62))
 	}
 	srv.lastToken = 0
 	before := uint64(time.Now().UnixNano())
-	if got := srv.nextTokenLocked(); got < before {
+	if got := srv.nextTokenLocked(time.Now()); got < before {
 		t.Fatalf("token %d below the wall clock %d", got, before)
 	}
 }
