@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"os"
@@ -179,9 +180,9 @@ func TestServeHandoverAndGracefulShutdown(t *testing.T) {
 }
 
 func TestSecondSignalExitsAtOnce(t *testing.T) {
-	s := start(t, nil, "-io-timeout", "1m")
-	// The graceful shutdown cannot finish for a minute.
-	stuckHolder(t, s.addr)
+	flags, stall := stalledAudit(t)
+	s := start(t, nil, flags...)
+	stall(s)
 	s.cmd.Process.Signal(syscall.SIGTERM)
 	time.Sleep(200 * time.Millisecond)
 	s.cmd.Process.Signal(syscall.SIGINT)
@@ -269,18 +270,38 @@ func TestFlagsAndEnvironment(t *testing.T) {
 	}
 }
 
-// stuckHolder makes a holder that floods heartbeats and never reads, and
-// returns once the server has stopped reading it for a second: the
-// server's writes to it are blocked until its io-timeout.
-func stuckHolder(t *testing.T, addr string) {
+// stalledAudit returns the flags that make the server's audit log a FIFO
+// that nobody reads, and a function that writes more audit lines than the
+// pipe holds. After it, a graceful shutdown cannot finish, because it
+// waits for every event to be written. (A client that never reads is no
+// such proof here: on loopback, TCP can stall a flood of heartbeats with
+// the server idle in a read, and then the shutdown finishes at once.)
+func stalledAudit(t *testing.T) (flags []string, stall func(*server)) {
 	t.Helper()
-	c, _ := dial(t, addr, "stuck")
-	c.(*net.TCPConn).SetReadBuffer(1024)
-	flood := bytes.Repeat([]byte{monolock.TypeHeartbeat}, 1<<16)
-	for {
-		c.SetWriteDeadline(time.Now().Add(time.Second))
-		if n, err := c.Write(flood); err != nil && n == 0 {
-			return
+	fifo := filepath.Join(t.TempDir(), "audit")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// Opened before the server, so that its open for writing does not wait.
+	reader, err := os.OpenFile(fifo, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { reader.Close() })
+	const getPipeSize = 1032 // F_GETPIPE_SZ
+	capacity, _, errno := syscall.Syscall(syscall.SYS_FCNTL, reader.Fd(), getPipeSize, 0)
+	if errno != 0 {
+		t.Fatal(errno)
+	}
+	return []string{"-audit-log", fifo}, func(s *server) {
+		// A granted line is longer than 100 bytes, and it is queued before
+		// the client is told ACQUIRED.
+		for i := 0; i <= int(capacity)/100; i++ {
+			c, f := dial(t, s.addr, fmt.Sprintf("audit-filler-%d", i))
+			if f.Type != monolock.TypeAcquired {
+				t.Fatalf("filler %d got %+v", i, f)
+			}
+			c.Close()
 		}
 	}
 }

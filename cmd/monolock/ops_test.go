@@ -242,14 +242,15 @@ func TestExpositionEscapesLabels(t *testing.T) {
 }
 
 func TestHealthTurns503WhenShutdownBegins(t *testing.T) {
-	s := start(t, nil, "-ops-listen", "127.0.0.1:0", "-io-timeout", "1m")
+	flags, stall := stalledAudit(t)
+	s := start(t, nil, append(flags, "-ops-listen", "127.0.0.1:0")...)
 	if code, body := httpGet(t, "http://"+s.ops+"/healthz"); code != 200 || body != "ok\n" {
 		t.Fatalf("/healthz: %d %q", code, body)
 	}
 	if code, _ := httpGet(t, "http://"+s.ops+"/readyz"); code != 200 {
 		t.Fatalf("/readyz: %d", code)
 	}
-	stuckHolder(t, s.addr) // keeps the shutdown busy for the io-timeout
+	stall(s) // the shutdown cannot finish
 	s.cmd.Process.Signal(syscall.SIGTERM)
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
 		resp, err := http.Get("http://" + s.ops + "/healthz")
