@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -25,15 +26,16 @@ func startServer(t testing.TB, srv *Server) string {
 	return serveOn(t, srv, l)
 }
 
-// startServerSmallBuffers is startServer with small send buffers, so that
-// a client that does not read soon blocks the server's writes to it.
-func startServerSmallBuffers(t testing.TB, srv *Server) string {
+// startServerWatched is startServer on a watchedListener.
+func startServerWatched(t testing.TB, srv *Server) *watchedListener {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	return serveOn(t, srv, smallSendBuffers{l})
+	w := &watchedListener{Listener: l, writing: map[string]time.Time{}}
+	serveOn(t, srv, w)
+	return w
 }
 
 func serveOn(t testing.TB, srv *Server, l net.Listener) string {
@@ -179,14 +181,51 @@ func queue(t *testing.T, addr, name string, n int) (holder *raw, waiters []*raw,
 	return holder, waiters, token
 }
 
-type smallSendBuffers struct{ net.Listener }
+// watchedListener gives the connections it accepts small send buffers, so
+// that a client that does not read soon blocks the server's writes to it,
+// and it keeps the start of every write under way, so that a test can
+// see that one is blocked rather than guess it from the client's side.
+type watchedListener struct {
+	net.Listener
+	mu      sync.Mutex
+	writing map[string]time.Time // by the client's address
+}
 
-func (l smallSendBuffers) Accept() (net.Conn, error) {
+func (l *watchedListener) Accept() (net.Conn, error) {
 	c, err := l.Listener.Accept()
-	if tcp, ok := c.(*net.TCPConn); ok {
-		tcp.SetWriteBuffer(4096)
+	if err != nil {
+		return c, err
 	}
-	return c, err
+	c.(*net.TCPConn).SetWriteBuffer(4096)
+	return watchedConn{c, l}, nil
+}
+
+// blockedFor says how long the server's write to client has been under way.
+func (l *watchedListener) blockedFor(client string) time.Duration {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if began, ok := l.writing[client]; ok {
+		return time.Since(began)
+	}
+	return 0
+}
+
+type watchedConn struct {
+	net.Conn
+	l *watchedListener
+}
+
+func (c watchedConn) Write(b []byte) (int, error) {
+	client := c.RemoteAddr().String()
+	c.l.mu.Lock()
+	c.l.writing[client] = time.Now()
+	c.l.mu.Unlock()
+	defer func() {
+		c.l.mu.Lock()
+		delete(c.l.writing, client)
+		c.l.mu.Unlock()
+	}()
+	return c.Conn.Write(b)
 }
 
 // waitFor polls cond until it holds, failing the test after wait.

@@ -287,8 +287,9 @@ func TestIOTimeout(t *testing.T) {
 // A holder that never reads fills its buffers; the server's writes to it
 // block, and nobody else may notice.
 func TestClientThatNeverReadsDelaysNobody(t *testing.T) {
-	addr := startServerSmallBuffers(t, &Server{IOTimeout: time.Minute})
-	stuckHolder(t, addr, "stuck")
+	l := startServerWatched(t, &Server{IOTimeout: time.Minute})
+	stuckHolder(t, l, "stuck")
+	addr := l.Addr().String()
 
 	// The stuck session's goroutine is blocked writing. Others are served
 	// at once, on another lock and on its own.
@@ -441,8 +442,7 @@ func TestAcceptErrorsBackOffAndRecover(t *testing.T) {
 
 func TestShutdownDeadlineClosesStuckSessions(t *testing.T) {
 	srv := &Server{IOTimeout: time.Minute}
-	addr := startServerSmallBuffers(t, srv)
-	stuckHolder(t, addr, "stuck")
+	stuckHolder(t, startServerWatched(t, srv), "stuck")
 	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 	defer cancel()
 	if err := srv.Shutdown(ctx); !errors.Is(err, context.DeadlineExceeded) {
@@ -456,22 +456,27 @@ func TestShutdownDeadlineClosesStuckSessions(t *testing.T) {
 }
 
 // stuckHolder makes a holder of name that floods heartbeats and never
-// reads, and returns once the server has stopped reading it for a whole
-// second: its session goroutine is then blocked writing the replies.
-func stuckHolder(t *testing.T, addr, name string) *raw {
+// reads, and returns once the server's write to it has been under way for
+// half a second: blocked, as it stays until the io-timeout, since the
+// client never reads.
+func stuckHolder(t *testing.T, l *watchedListener, name string) *raw {
 	t.Helper()
-	c := dialRaw(t, addr)
+	c := dialRaw(t, l.Addr().String())
 	c.Conn.(*net.TCPConn).SetReadBuffer(1024)
 	c.send(acquire(name, time.Minute))
-	flood := bytes.Repeat([]byte{TypeHeartbeat}, 1<<16)
-	for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); {
-		c.SetWriteDeadline(time.Now().Add(time.Second))
-		if n, err := c.Write(flood); err != nil && n == 0 {
-			return c
+	go func() {
+		flood := bytes.Repeat([]byte{TypeHeartbeat}, 1<<16)
+		for {
+			if _, err := c.Conn.Write(flood); err != nil {
+				return // closed by dialRaw's cleanup
+			}
 		}
-	}
-	t.Fatal("the server kept reading a client that never reads")
-	return nil
+	}()
+	client := c.LocalAddr().String()
+	waitFor(t, "a blocked write to a client that never reads", func() bool {
+		return l.blockedFor(client) > 500*time.Millisecond
+	})
+	return c
 }
 
 // FuzzServerSession feeds any client byte stream to a real server session
