@@ -63,7 +63,9 @@ func New(cfg Config) *Client {
 // fn's context is cancelled the moment ownership is no longer confirmed;
 // context.Cause then tells why (it matches ErrLockLost and the concrete
 // cause). fn must stop touching the guarded resource at once: the server
-// may grant the lock to the next waiter when the lease runs out. If
+// may grant the lock to the next waiter when the lease runs out. Until fn
+// returns, the connection stays open but silent, so that a server that can
+// still hear the client does not grant the lock while fn is stopping. If
 // ownership was lost while fn ran, Do returns fn's error joined with the
 // cause, even when fn returned nil.
 //
@@ -132,6 +134,10 @@ func (l *Lock) run(ctx context.Context, fn func(ctx context.Context, token uint6
 // Acquire waits in name's queue for as long as ctx allows and returns the
 // held lock. The lock is held, with heartbeats, until Release or until the
 // server stops confirming it; ctx no longer matters once Acquire returned.
+// After a loss, call Release once the guarded work has stopped: until then,
+// or for at most one more lease, the connection stays open without
+// heartbeats, so the server grants the lock to nobody else earlier than its
+// lease allows.
 func (c *Client) Acquire(ctx context.Context, name string, lease time.Duration) (*Lock, error) {
 	return c.acquire(ctx, name, lease, false)
 }
@@ -284,15 +290,24 @@ func (l *Lock) heartbeat() {
 		l.token = token
 		close(l.granted)
 	}
+	readerDone := false
 	end := func(cause error) {
-		if cause != nil && st == holding {
+		lost := cause != nil && st == holding
+		if lost {
 			cause = &lostError{cause}
 		}
 		l.err = cause
 		if cause == nil {
 			cause = ErrReleased
 		}
-		l.cancel(cause) // before the close, which lets the server grant the lock again
+		l.cancel(cause)
+		if lost && !readerDone {
+			// Closing now would let the server grant the lock again at once,
+			// while the work that was just cancelled is still stopping. A
+			// silent session keeps it until Release, or until the server drops
+			// it a lease after the last heartbeat it read.
+			linger(l, frames)
+		}
 		l.conn.Close()
 		close(l.done)
 	}
@@ -333,6 +348,7 @@ func (l *Lock) heartbeat() {
 		case <-timer.C:
 		case r := <-frames:
 			if r.err != nil {
+				readerDone = true
 				end(r.err)
 				return
 			}
@@ -367,6 +383,26 @@ func (l *Lock) heartbeat() {
 				}
 			default:
 				end(violation("client frame 0x%02x from the server", f.Type))
+				return
+			}
+		}
+	}
+}
+
+// linger waits, sending nothing, for Release, the server's close, or a
+// lease, by which time the server has dropped the session unless a late
+// heartbeat reached it.
+func linger(l *Lock, frames <-chan received) {
+	t := time.NewTimer(l.lease)
+	defer t.Stop()
+	for {
+		select {
+		case <-l.release:
+			return
+		case <-t.C:
+			return
+		case r := <-frames:
+			if r.err != nil {
 				return
 			}
 		}

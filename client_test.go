@@ -62,9 +62,13 @@ func TestLockHeldForManyLeases(t *testing.T) {
 }
 
 // The central promise: in every fault, the holder's context is cancelled
-// before the server lets anyone else have the lock.
+// before the server lets anyone else have the lock, early enough for work
+// that takes a moment to stop to have stopped.
 func TestHolderStopsBeforeTheServerReleases(t *testing.T) {
-	const lease = 2 * time.Second
+	const (
+		lease    = 2 * time.Second
+		stopping = lease / 20 // fn's time from the cancellation to its return
+	)
 	for _, tc := range []struct {
 		name  string
 		fault func(*faultProxy, *Server)
@@ -99,7 +103,7 @@ func TestHolderStopsBeforeTheServerReleases(t *testing.T) {
 			p := startProxy(t, addr)
 			c := New(Config{Address: p.addr})
 
-			var cancelledAt, grantedAt atomic.Int64 // ns since start
+			var stoppedAt, grantedAt atomic.Int64 // ns since start
 			start := time.Now()
 			held := make(chan struct{})
 			done := make(chan error, 1)
@@ -107,7 +111,8 @@ func TestHolderStopsBeforeTheServerReleases(t *testing.T) {
 				done <- c.Do(context.Background(), "fenced", lease, func(ctx context.Context, token uint64) error {
 					close(held)
 					<-ctx.Done()
-					cancelledAt.Store(int64(time.Since(start)))
+					time.Sleep(stopping)
+					stoppedAt.Store(int64(time.Since(start)))
 					return nil
 				})
 			}()
@@ -115,9 +120,9 @@ func TestHolderStopsBeforeTheServerReleases(t *testing.T) {
 			time.Sleep(lease / 2) // a few heartbeats in
 			if tc.name == "server killed" {
 				// The next holder comes from a new server on the same address,
-				// started a little later, as a restarted process would be.
+				// started later, as a restarted process would be.
 				tc.fault(p, srv)
-				time.Sleep(100 * time.Millisecond)
+				time.Sleep(lease / 4)
 				srv2 := &Server{}
 				var l2 net.Listener
 				waitFor(t, "the address to be free", func() bool {
@@ -143,11 +148,11 @@ func TestHolderStopsBeforeTheServerReleases(t *testing.T) {
 			if !errors.Is(err, ErrLockLost) {
 				t.Fatalf("Do returned %v, want ErrLockLost", err)
 			}
-			ca, ga := time.Duration(cancelledAt.Load()), time.Duration(grantedAt.Load())
-			if ca == 0 || ca >= ga {
-				t.Fatalf("holder cancelled at %v, next holder granted at %v: the holder must stop first (%v)", ca, ga, err)
+			sa, ga := time.Duration(stoppedAt.Load()), time.Duration(grantedAt.Load())
+			if sa == 0 || sa >= ga {
+				t.Fatalf("holder stopped at %v, next holder granted at %v: the holder must stop first (%v)", sa, ga, err)
 			}
-			t.Logf("cancelled at %v, next holder granted at %v; cause: %v", ca, ga, err)
+			t.Logf("holder stopped at %v, next holder granted at %v; cause: %v", sa, ga, err)
 		})
 	}
 }
@@ -523,6 +528,48 @@ func TestLockHandleReportsLoss(t *testing.T) {
 	}
 	if err := l.Release(); !errors.Is(err, ErrLockLost) {
 		t.Fatalf("Release after a loss = %v, want the loss", err)
+	}
+}
+
+// After a heartbeat timeout the connection stays open, silent, until
+// Release, so the server does not grant the lock while the work stops;
+// without a Release it is let go a lease later.
+func TestLostLockKeepsItsConnectionUntilRelease(t *testing.T) {
+	const lease = time.Second
+	addr := startServer(t, &Server{})
+	p := startProxy(t, addr)
+	c := New(Config{Address: p.addr})
+	for _, release := range []bool{true, false} {
+		l, err := c.Acquire(context.Background(), "linger", lease)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p.set(down, fault{drop: true}) // the server still hears the client
+		<-l.Done()
+		lost := time.Now()
+		if !errors.Is(l.Err(), ErrHeartbeatTimeout) {
+			t.Fatalf("cause %v, want a heartbeat timeout", l.Err())
+		}
+		w := dialRaw(t, addr)
+		w.send(acquire("linger", time.Minute))
+		w.expectWaiting()
+		if release {
+			w.expectSilence(lease / 5) // the guarded work stopping
+			l.Release()
+		}
+		w.expectAcquired()
+		// The server drops the silent session a lease after the last
+		// heartbeat it read, at most 0.8 of a lease before the loss.
+		if d := time.Since(lost); !release && d < lease/10 {
+			t.Fatalf("granted %v after the loss without a Release: the connection was not kept", d)
+		}
+		select {
+		case <-l.done:
+		case <-time.After(2 * lease):
+			t.Fatalf("release %v: the lock's goroutine still runs %v after the loss", release, time.Since(lost))
+		}
+		p.set(down, fault{})
+		w.Close()
 	}
 }
 
