@@ -66,8 +66,8 @@ func TestLockHeldForManyLeases(t *testing.T) {
 // that takes a moment to stop to have stopped.
 func TestHolderStopsBeforeTheServerReleases(t *testing.T) {
 	const (
-		lease    = 2 * time.Second
-		stopping = lease / 20 // fn's time from the cancellation to its return
+		lease    = 3 * time.Second
+		stopping = lease / 30 // fn's time from the cancellation to its return
 	)
 	for _, tc := range []struct {
 		name  string
