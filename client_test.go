@@ -535,7 +535,7 @@ func TestLockHandleReportsLoss(t *testing.T) {
 // Release, so the server does not grant the lock while the work stops;
 // without a Release it is let go a lease later.
 func TestLostLockKeepsItsConnectionUntilRelease(t *testing.T) {
-	const lease = time.Second
+	const lease = 2 * time.Second
 	addr := startServer(t, &Server{})
 	p := startProxy(t, addr)
 	c := New(Config{Address: p.addr})
@@ -554,7 +554,10 @@ func TestLostLockKeepsItsConnectionUntilRelease(t *testing.T) {
 		w.send(acquire("linger", time.Minute))
 		w.expectWaiting()
 		if release {
-			w.expectSilence(lease / 5) // the guarded work stopping
+			// The guarded work stopping. The server would drop the session
+			// at the earliest a quarter of a lease after this, a lease
+			// after the heartbeat that followed the last confirmed one.
+			w.expectSilence(lease / 10)
 			l.Release()
 		}
 		w.expectAcquired()
