@@ -458,8 +458,7 @@ func readErr(err error) error {
 }
 
 func writeErr(err error) error {
-	var ne net.Error
-	if errors.As(err, &ne) && ne.Timeout() {
+	if isTimeout(err) { // the write deadline is the claim's
 		return ErrHeartbeatTimeout
 	}
 	return fmt.Errorf("%w: %w", ErrConnectionClosed, err)

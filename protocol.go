@@ -229,8 +229,8 @@ func readAcquire(r io.Reader) (Frame, error) {
 		}
 		f.Name = string(name)
 	}
-	if err := checkLease(f.LeaseMS); err != nil {
-		return Frame{}, err
+	if f.LeaseMS == 0 {
+		return Frame{}, ErrBadLease
 	}
 	return f, checkName(n, f.Name)
 }
@@ -242,13 +242,6 @@ func readFull(r io.Reader, b []byte) error {
 		err = io.ErrUnexpectedEOF
 	}
 	return err
-}
-
-func checkLease(ms uint32) error {
-	if ms == 0 {
-		return ErrBadLease
-	}
-	return nil
 }
 
 // checkName checks a name of n bytes on the wire; name is empty when n is

@@ -558,10 +558,6 @@ func (s *session) push(token uint64) {
 func (s *session) writeState() error {
 	s.wmu.Lock()
 	defer s.wmu.Unlock()
-	return s.writeStateLocked()
-}
-
-func (s *session) writeStateLocked() error {
 	token := s.token.Load()
 	if token == 0 {
 		return s.writeLocked(append(s.wbuf[:0], TypeWaiting))
