@@ -6,7 +6,7 @@ import (
 	"net"
 	"time"
 
-	"monolock"
+	"github.com/monolock-dev/monolock"
 )
 
 func ExampleClient_Do() {

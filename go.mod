@@ -1,3 +1,3 @@
-module monolock
+module github.com/monolock-dev/monolock
 
 go 1.26

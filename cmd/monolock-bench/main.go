@@ -31,7 +31,7 @@ import (
 	"syscall"
 	"time"
 
-	"monolock"
+	"github.com/monolock-dev/monolock"
 )
 
 type config struct {

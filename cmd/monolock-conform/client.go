@@ -8,7 +8,7 @@ import (
 	"net"
 	"time"
 
-	"monolock"
+	"github.com/monolock-dev/monolock"
 )
 
 // The scripted server behaviours, one per connection the client under test

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"monolock"
+	"github.com/monolock-dev/monolock"
 )
 
 func listen(t *testing.T) net.Listener {

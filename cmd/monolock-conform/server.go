@@ -10,7 +10,7 @@ import (
 	"strings"
 	"time"
 
-	"monolock"
+	"github.com/monolock-dev/monolock"
 )
 
 // wait bounds how long a check waits for something that should be at once.

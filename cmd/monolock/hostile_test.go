@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"monolock"
+	"github.com/monolock-dev/monolock"
 )
 
 // cpuTicks returns the user and system CPU a process has used, in ticks.

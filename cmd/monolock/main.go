@@ -24,7 +24,7 @@ import (
 	"syscall"
 	"time"
 
-	"monolock"
+	"github.com/monolock-dev/monolock"
 )
 
 func main() {

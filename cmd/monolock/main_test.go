@@ -17,7 +17,7 @@ import (
 	"testing"
 	"time"
 
-	"monolock"
+	"github.com/monolock-dev/monolock"
 )
 
 var binary string

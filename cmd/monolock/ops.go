@@ -18,7 +18,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"monolock"
+	"github.com/monolock-dev/monolock"
 )
 
 // ops is the operator surface of the binary: health, metrics, the admin

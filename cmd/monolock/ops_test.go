@@ -19,7 +19,7 @@ import (
 	"testing"
 	"time"
 
-	"monolock"
+	"github.com/monolock-dev/monolock"
 )
 
 func httpGet(t *testing.T, u string) (int, string) {

@@ -16,7 +16,7 @@ import (
 	"syscall"
 	"time"
 
-	"monolock"
+	"github.com/monolock-dev/monolock"
 )
 
 // Exit statuses of monolock run when COMMAND did not decide it.

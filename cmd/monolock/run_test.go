@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"monolock"
+	"github.com/monolock-dev/monolock"
 )
 
 // runProc is a `monolock run` in the background.

@@ -22,7 +22,7 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"monolock"
+	"github.com/monolock-dev/monolock"
 )
 
 func TestGlob(t *testing.T) {
