@@ -697,8 +697,8 @@ func TestValidationBeforeDial(t *testing.T) {
 		{"", time.Second, ErrEmptyName},
 		{strings.Repeat("x", 256), time.Second, ErrNameTooLong},
 		{"\xff", time.Second, ErrInvalidUTF8},
-		{"ok", 0, ErrBadLease},
-		{"ok", -time.Second, ErrBadLease},
+		{"ok", 0, ErrInvalidLease},
+		{"ok", -time.Second, ErrInvalidLease},
 	} {
 		err := c.DoRetry(context.Background(), tc.name, tc.lease, func(context.Context, uint64) error { return nil })
 		if !errors.Is(err, tc.want) || !errors.Is(err, ErrInvalidInput) {

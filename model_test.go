@@ -178,12 +178,12 @@ func playOps(srv *Server, addr, prefix string, ops []op) (err error) {
 		case opForceRelease:
 			q := model[lock]
 			if len(q) == 0 {
-				if _, err := srv.ForceRelease(lock); err == nil {
+				if _, err := srv.ForceRelease(lock, 0); err == nil {
 					ft.Fatalf("step %d: force-released %s, which the model says is idle", step, lock)
 				}
 				continue
 			}
-			if _, err := srv.ForceRelease(lock); err != nil {
+			if _, err := srv.ForceRelease(lock, 0); err != nil {
 				ft.Fatalf("step %d: %v", step, err)
 			}
 			conns[q[0]].expectError(CodeClosedByAdmin)

@@ -55,7 +55,7 @@ func TestForceReleaseAndKickWaiter(t *testing.T) {
 	}
 
 	// Force-release the holder: 0x02 to it, the lock to the first waiter.
-	got, err := srv.ForceRelease("stuck")
+	got, err := srv.ForceRelease("stuck", 0)
 	if err != nil || got.Token == 0 {
 		t.Fatalf("ForceRelease = %+v, %v", got, err)
 	}
@@ -71,7 +71,7 @@ func TestForceReleaseAndKickWaiter(t *testing.T) {
 	if info.Waiters[0].RemoteAddr != waiters[2].LocalAddr().String() || info.Waiters[1].RemoteAddr != waiters[3].LocalAddr().String() {
 		t.Fatalf("queue after the kicks: %+v", info.Waiters)
 	}
-	if _, err := srv.ForceRelease("idle"); !errors.Is(err, ErrNotFound) {
+	if _, err := srv.ForceRelease("idle", 0); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("ForceRelease of an idle lock: %v", err)
 	}
 
@@ -119,7 +119,7 @@ func TestStatsCountWhatHappened(t *testing.T) {
 	st := srv.Stats()
 	if st.ConnectionsAccepted != 4 || st.Acquires != 3 || st.Grants != 3 || st.Heartbeats != 3 ||
 		st.LocksHeld != 1 || st.Waiters != 0 || st.Releases[ReasonExpired] != 1 ||
-		st.ClientErrors[CodeUnknownType] != 1 || len(st.ClientErrors) != 1 || st.WaitTotal <= 0 || st.HoldTotal <= 0 {
+		st.Errors[CodeUnknownType] != 1 || len(st.Errors) != 1 || st.WaitTotal <= 0 || st.HoldTotal <= 0 {
 		t.Fatalf("stats %+v", st)
 	}
 }

@@ -43,7 +43,7 @@ const (
 	CodeEmptyName          Code = 0x14
 	CodeNameTooLong        Code = 0x15
 	CodeInvalidUTF8        Code = 0x16
-	CodeBadLease           Code = 0x17
+	CodeInvalidLease       Code = 0x17
 	CodeNotAuthorized      Code = 0x18
 )
 
@@ -51,31 +51,32 @@ const (
 // A *ServerError unwraps to one of these, and so do the errors of local
 // validation, so errors.Is works the same for both.
 var (
-	ErrShuttingDown       = errors.New("server shutting down")
-	ErrClosedByAdmin      = errors.New("closed by administrator")
-	ErrUnsupportedVersion = errors.New("unsupported protocol version")
-	ErrAcquireFirst       = errors.New("first message must be ACQUIRE")
-	ErrDuplicateAcquire   = errors.New("duplicate ACQUIRE")
-	ErrUnknownType        = errors.New("unknown message type")
-	ErrEmptyName          = errors.New("empty lock name")
-	ErrNameTooLong        = errors.New("lock name too long")
-	ErrInvalidUTF8        = errors.New("lock name is not valid UTF-8")
-	ErrBadLease           = errors.New("lease must be positive")
-	ErrNotAuthorized      = errors.New("not authorized for lock")
+	ErrShuttingDown       = sentinel(CodeShuttingDown, "server shutting down")
+	ErrClosedByAdmin      = sentinel(CodeClosedByAdmin, "closed by administrator")
+	ErrUnsupportedVersion = sentinel(CodeUnsupportedVersion, "unsupported protocol version")
+	ErrAcquireFirst       = sentinel(CodeAcquireFirst, "first message must be ACQUIRE")
+	ErrDuplicateAcquire   = sentinel(CodeDuplicateAcquire, "duplicate ACQUIRE")
+	ErrUnknownType        = sentinel(CodeUnknownType, "unknown message type")
+	ErrEmptyName          = sentinel(CodeEmptyName, "empty lock name")
+	ErrNameTooLong        = sentinel(CodeNameTooLong, "lock name too long")
+	ErrInvalidUTF8        = sentinel(CodeInvalidUTF8, "lock name is not valid UTF-8")
+	ErrInvalidLease       = sentinel(CodeInvalidLease, "lease must be positive")
+	ErrNotAuthorized      = sentinel(CodeNotAuthorized, "not authorized for lock")
 )
 
-var codeErrs = map[Code]error{
-	CodeShuttingDown:       ErrShuttingDown,
-	CodeClosedByAdmin:      ErrClosedByAdmin,
-	CodeUnsupportedVersion: ErrUnsupportedVersion,
-	CodeAcquireFirst:       ErrAcquireFirst,
-	CodeDuplicateAcquire:   ErrDuplicateAcquire,
-	CodeUnknownType:        ErrUnknownType,
-	CodeEmptyName:          ErrEmptyName,
-	CodeNameTooLong:        ErrNameTooLong,
-	CodeInvalidUTF8:        ErrInvalidUTF8,
-	CodeBadLease:           ErrBadLease,
-	CodeNotAuthorized:      ErrNotAuthorized,
+// codeError is a code's sentinel; codeErrs finds it by code.
+type codeError struct {
+	code Code
+	text string
+}
+
+func (e *codeError) Error() string { return e.text }
+
+var codeErrs [256]error
+
+func sentinel(c Code, text string) error {
+	codeErrs[c] = &codeError{c, text}
+	return codeErrs[c]
 }
 
 // ErrInvalidInput marks an argument refused before anything was sent. It
@@ -100,10 +101,9 @@ func (c Code) String() string {
 
 // codeOf returns the code whose sentinel err wraps.
 func codeOf(err error) (Code, bool) {
-	for c, sentinel := range codeErrs {
-		if errors.Is(err, sentinel) {
-			return c, true
-		}
+	var ce *codeError
+	if errors.As(err, &ce) {
+		return ce.code, true
 	}
 	return 0, false
 }
@@ -230,7 +230,7 @@ func readAcquire(r io.Reader) (Frame, error) {
 		f.Name = string(name)
 	}
 	if f.LeaseMS == 0 {
-		return Frame{}, ErrBadLease
+		return Frame{}, ErrInvalidLease
 	}
 	return f, checkName(n, f.Name)
 }
@@ -273,7 +273,7 @@ func ValidateName(name string) error {
 func ValidateLease(lease time.Duration) error {
 	switch {
 	case lease < time.Millisecond:
-		return fmt.Errorf("%w: %w: %v is less than 1ms", ErrInvalidInput, ErrBadLease, lease)
+		return fmt.Errorf("%w: %w: %v is less than 1ms", ErrInvalidInput, ErrInvalidLease, lease)
 	case lease > MaxLease:
 		return fmt.Errorf("%w: lease %v is longer than the protocol's %v", ErrInvalidInput, lease, MaxLease)
 	case lease%time.Millisecond != 0:

@@ -672,7 +672,8 @@ type Stats struct {
 	Heartbeats          uint64
 	Grants              uint64            // immediate or by promotion
 	Releases            map[string]uint64 // of held locks, by Reason
-	ClientErrors        map[Code]uint64   // ERROR frames sent with codes from 0x10, by code
+	Errors              map[Code]uint64   // ERROR frames sent, by code
+	EventsDropped       uint64            // events that OnEvent was never told of: see OnEvent
 	WaitTotal           time.Duration     // summed over Grants
 	HoldTotal           time.Duration     // summed over Releases
 }
@@ -687,11 +688,11 @@ func (srv *Server) Stats() Stats {
 		Denials:             srv.denials.Load(),
 		Heartbeats:          srv.heartbeats.Load(),
 		Releases:            map[string]uint64{ReasonGraceful: 0, ReasonExpired: 0, ReasonIOTimeout: 0, ReasonForce: 0},
-		ClientErrors:        map[Code]uint64{},
+		Errors:              map[Code]uint64{},
 	}
 	for code := range srv.protocolErrors {
-		if n := srv.protocolErrors[code].Load(); n > 0 && Code(code) >= 0x10 {
-			st.ClientErrors[Code(code)] = n
+		if n := srv.protocolErrors[code].Load(); n > 0 {
+			st.Errors[Code(code)] = n
 		}
 	}
 	srv.mu.Lock()
@@ -766,15 +767,30 @@ func (s *session) infoLocked() SessionInfo {
 	return SessionInfo{Identity: s.identity, RemoteAddr: s.remote, Since: s.since, Lease: s.lease, Token: s.token.Load()}
 }
 
-// ErrNotFound is returned by ForceRelease for a lock nobody holds and by
-// KickWaiter for a waiter that is not in the queue.
-var ErrNotFound = errors.New("monolock: no such holder or waiter")
+// Errors of ForceRelease and KickWaiter.
+var (
+	ErrNotFound   = errors.New("monolock: no such holder or waiter")
+	ErrStaleToken = errors.New("monolock: the lock is held under another token")
+)
 
-// ForceRelease ends the session that holds name: it is sent ERROR 0x02 and
-// closed, and the next waiter is promoted, by the session's own goroutine,
-// at once. It returns the holder it ended.
-func (srv *Server) ForceRelease(name string) (SessionInfo, error) {
-	return srv.kick(name, func(l *lock) *session { return l.holder }, EventForceRelease)
+// ForceRelease ends the session that holds name under token: it is sent
+// ERROR 0x02 and closed, and the next waiter is promoted at once. It
+// returns the holder it ended. When name is held under another token (the
+// holder the caller meant is gone, and someone else holds it now), it ends
+// nobody and returns ErrStaleToken. Token 0 means whoever holds name now.
+func (srv *Server) ForceRelease(name string, token uint64) (SessionInfo, error) {
+	var stale bool
+	info, err := srv.kick(name, func(l *lock) *session {
+		if h := l.holder; h != nil && token != 0 && h.token.Load() != token {
+			stale = true
+			return nil
+		}
+		return l.holder
+	}, EventForceRelease)
+	if stale {
+		err = ErrStaleToken
+	}
+	return info, err
 }
 
 // KickWaiter ends the waiter of name whose remote address is remoteAddr:

@@ -162,8 +162,8 @@ func TestErrorCodes(t *testing.T) {
 		{"lone continuation byte", acq(1, 1000, 1, "\x80"), CodeInvalidUTF8},
 		{"surrogate half", acq(1, 1000, 3, "\xed\xa0\x80"), CodeInvalidUTF8},
 		{"overlong encoding", acq(1, 1000, 2, "\xc0\xaf"), CodeInvalidUTF8},
-		{"lease 0", acq(1, 0, 1, "a"), CodeBadLease},
-		{"lease 0 before a bad name", acq(1, 0, 300, ""), CodeBadLease},
+		{"lease 0", acq(1, 0, 1, "a"), CodeInvalidLease},
+		{"lease 0 before a bad name", acq(1, 0, 300, ""), CodeInvalidLease},
 		{"empty before UTF-8", acq(1, 1000, 0, ""), CodeEmptyName},
 		{"too long before UTF-8", acq(1, 1000, 256, strings.Repeat("\xff", 256)), CodeNameTooLong},
 	} {

@@ -392,7 +392,7 @@ func (c *serverChecker) checks() []check {
 		{"0x15 a 256-byte name", errorCheck(acq(1, 1000, 256, strings.Repeat("n", 256)), monolock.CodeNameTooLong)},
 		{"0x15 name_len 65535 without the name", errorCheck(acq(1, 1000, 65535, ""), monolock.CodeNameTooLong)},
 		{"0x16 a name that is not UTF-8", errorCheck(acq(1, 1000, 2, "\xc3\x28"), monolock.CodeInvalidUTF8)},
-		{"0x17 lease 0, checked before the name", errorCheck(acq(1, 0, 0, ""), monolock.CodeBadLease)},
+		{"0x17 lease 0, checked before the name", errorCheck(acq(1, 0, 0, ""), monolock.CodeInvalidLease)},
 		{"an ERROR sent to the holder promotes its waiter at once", func() error {
 			_, holder, _, waiters, err := c.holderAndWaiters(1)
 			if err != nil {

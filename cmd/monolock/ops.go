@@ -79,7 +79,7 @@ func (o *ops) writeMetrics(w io.Writer) {
 	}
 	family("monolock_releases_total", "counter", "Releases of held locks, by reason.", releases...)
 	codes := []monolock.Code{0x10, 0x11, 0x12, 0x13, 0x14, 0x15, 0x16, 0x17, 0x18}
-	for code := range st.ClientErrors {
+	for code := range st.Errors {
 		if !slices.Contains(codes, code) {
 			codes = append(codes, code)
 		}
@@ -87,7 +87,7 @@ func (o *ops) writeMetrics(w io.Writer) {
 	slices.Sort(codes)
 	var protocol []string
 	for _, code := range codes {
-		protocol = append(protocol, label("code", fmt.Sprintf("0x%02x", uint8(code)))+uvalue(st.ClientErrors[code]))
+		protocol = append(protocol, label("code", fmt.Sprintf("0x%02x", uint8(code)))+uvalue(st.Errors[code]))
 	}
 	family("monolock_protocol_errors_total", "counter", "ERROR frames sent for client errors, by code.", protocol...)
 	family("monolock_connections_accepted_total", "counter", "Connections accepted.", uvalue(st.ConnectionsAccepted))
@@ -194,7 +194,7 @@ func (o *ops) adminHandler() http.Handler {
 	}))
 	mux.HandleFunc("/api/locks/{name}/release", only("POST", func(w http.ResponseWriter, r *http.Request) {
 		name := r.PathValue("name")
-		holder, err := o.srv.ForceRelease(name)
+		holder, err := o.srv.ForceRelease(name, 0)
 		if errors.Is(err, monolock.ErrNotFound) {
 			writeJSON(w, http.StatusNotFound, map[string]string{"error": "nobody holds the lock", "name": name})
 			return
