@@ -16,6 +16,26 @@ import (
 	"unicode/utf8"
 )
 
+// The rules the code below keeps; where it relies on one, it names it.
+//
+//  1. Lock order: a session's wmu before srv.mu, never the reverse. No
+//     network I/O while srv.mu is held.
+//  2. A session's token changes from 0 exactly once, under srv.mu, when the
+//     lock is granted to it.
+//  3. s.lock != nil means s is its lock's holder or in its queue.
+//  4. A session ends on one path, end: it leaves the table (which promotes
+//     the next waiter), then writes its final frame, then closes. Shutdown
+//     and administrators take it out of the table themselves and leave the
+//     rest to end. Out of the table, no promotion can reach it and no token
+//     is spent on it.
+//  5. After the final frame, or a failed write, nothing is written (final,
+//     under wmu): a push decided before the session left stays unsent.
+//  6. Shutdown and administrators set s.stop under srv.mu, then a past read
+//     deadline. Whoever re-arms a read deadline checks s.stop afterwards, so
+//     either it sees the flag or the past deadline overrides its own.
+//  7. Events are queued under srv.mu with the table change they describe, so
+//     they keep the table's order and are queued before wg.Wait returns.
+
 // DefaultIOTimeout is the io-timeout of a Server whose IOTimeout is zero.
 const DefaultIOTimeout = 5 * time.Second
 
@@ -26,47 +46,57 @@ var ErrServerClosed = errors.New("monolock: server closed")
 // value is ready to use; its fields must not change once it serves.
 type Server struct {
 	// IOTimeout bounds the wait for a connection's first frame, the rest
-	// of any frame once its first byte arrived, and every write.
-	// Zero means DefaultIOTimeout.
+	// of any frame once its first byte arrived, the TLS handshake, and
+	// every write. Zero means DefaultIOTimeout.
 	IOTimeout time.Duration
 
-	// Logger receives diagnostics; nil discards them.
+	// Logger receives diagnostics; nil discards them. Failed TLS handshakes
+	// and refused ACQUIREs are logged at info level, at most once a second
+	// each, with the count of those left out.
 	Logger *slog.Logger
 
 	// Authorize, if set, decides whether a client may acquire a lock; a
 	// refused ACQUIRE is answered with ERROR 0x18. identity is the one of
 	// the client's verified TLS certificate (see Identity), or empty. It
-	// is called from the session's goroutine with no lock held.
+	// is called from the session's goroutine with no lock held, and must
+	// return promptly: Shutdown waits for it.
 	Authorize func(identity, lock string) bool
 
 	// OnEvent, if set, is told of every grant, release, denial and
 	// administrative action, one call at a time, in the order the table
 	// changed: for one lock, a release always comes before the next grant.
 	// It runs on a goroutine of the server's, never under the table's
-	// mutex; while it is busy, events wait in memory.
+	// mutex. While it is busy, up to 16384 events wait in memory; beyond
+	// that, events are dropped and counted in Stats.EventsDropped. Shutdown
+	// waits for the queue to drain only until its context ends.
 	OnEvent func(Event)
 
 	closing atomic.Bool
-	wg      sync.WaitGroup // one per session, until its goroutine ends it
+	wg      sync.WaitGroup // one per session, until end
 	eventWG sync.WaitGroup // the event goroutine, while there is one
 
 	accepted, acceptErrors, tlsHandshakeErrors atomic.Uint64
 	acquires, denials, heartbeats              atomic.Uint64
 	protocolErrors                             [256]atomic.Uint64 // ERROR frames sent, by code
+	handshakeLog, denialLog                    infoLimit
 
-	mu         sync.Mutex // guards everything below; never held during I/O
-	locks      map[string]*lock
-	sessions   map[*session]struct{}
-	listeners  map[net.Listener]struct{}
-	lastToken  uint64
-	done       chan struct{} // closed when shutdown begins
-	grants     uint64
-	releases   map[string]uint64 // by reason
-	waitTotal  time.Duration
-	holdTotal  time.Duration
-	events     []Event // not yet delivered
-	delivering bool    // an event goroutine runs
+	mu            sync.Mutex // guards everything below; never held during I/O
+	locks         map[string]*lock
+	sessions      map[*session]struct{}
+	listeners     map[net.Listener]struct{}
+	lastToken     uint64
+	done          chan struct{} // closed when shutdown begins
+	grants        uint64
+	releases      map[string]uint64 // by reason
+	waitTotal     time.Duration
+	holdTotal     time.Duration
+	events        []Event // not yet delivered
+	eventsDropped uint64
+	delivering    bool // an event goroutine runs
 }
+
+// maxQueuedEvents bounds the memory a stalled OnEvent can hold.
+const maxQueuedEvents = 1 << 14
 
 // lock exists only while it has a holder or waiters.
 type lock struct {
@@ -75,8 +105,8 @@ type lock struct {
 }
 
 // session is one connection. Its goroutine (one at a time: see serve) is
-// the only reader of conn and the only one that removes it from the table;
-// writes come from it and from whoever promotes it, serialized by wmu.
+// the only reader of conn; writes come from it and from whoever promotes
+// it, serialized by wmu.
 type session struct {
 	srv      *Server
 	conn     net.Conn
@@ -84,19 +114,20 @@ type session struct {
 	identity string        // from the client's certificate, set after the handshake
 	name     string        // set before the session joins the table
 	lease    time.Duration // likewise
-	kicked   atomic.Bool   // by an administrator: end with ERROR 0x02
+	stop     atomic.Uint32 // the Code that Shutdown or an administrator ended it with (rule 6)
 
-	lock  *lock         // guarded by srv.mu
+	lock  *lock         // guarded by srv.mu (rule 3)
 	elem  *list.Element // guarded by srv.mu; non-nil while waiting
 	since time.Time     // guarded by srv.mu: queued at, then granted at
 
-	// token is the grant's fencing token, 0 while waiting. It is written
-	// under srv.mu and read under wmu, so a reply always reports the state
-	// at the moment it is written.
+	// token is the grant's fencing token, 0 while waiting (rule 2). It is
+	// written under srv.mu and read under wmu, so a reply always reports
+	// the state at the moment it is written.
 	token atomic.Uint64
 
-	wmu  sync.Mutex
-	wbuf [9]byte // guarded by wmu
+	wmu   sync.Mutex
+	final bool // guarded by wmu (rule 5)
+	wbuf  [9]byte
 
 	rbuf [32]byte // read ahead, so that an ACQUIRE with a short name takes one read
 	r, w uint8    // the unread part of rbuf
@@ -116,6 +147,31 @@ func (srv *Server) log() *slog.Logger {
 		return srv.Logger
 	}
 	return discard
+}
+
+// infoLimit lets one kind of info line through at most once a second, so
+// that a flood of bad clients cannot flood the log.
+type infoLimit struct {
+	mu   sync.Mutex
+	next time.Time
+	left int // lines left out since the last one
+}
+
+func (srv *Server) infoLimited(lim *infoLimit, msg string, args ...any) {
+	lim.mu.Lock()
+	now := time.Now()
+	if now.Before(lim.next) {
+		lim.left++
+		lim.mu.Unlock()
+		return
+	}
+	lim.next = now.Add(time.Second)
+	if lim.left > 0 {
+		args = append(args, "suppressed", lim.left)
+		lim.left = 0
+	}
+	lim.mu.Unlock()
+	srv.log().Info(msg, args...)
 }
 
 // initLocked allocates the maps on first use, so that the zero Server works.
@@ -180,7 +236,7 @@ func (srv *Server) start(conn net.Conn) {
 	srv.mu.Lock()
 	if srv.closing.Load() {
 		srv.mu.Unlock()
-		conn.Close()
+		closeConn(conn)
 		return
 	}
 	srv.sessions[s] = struct{}{}
@@ -190,30 +246,42 @@ func (srv *Server) start(conn net.Conn) {
 }
 
 // Shutdown stops accepting, sends ERROR 0x01 to every session, holders and
-// waiters alike, closes them and waits for their goroutines. No waiter is
-// promoted once shutdown has begun. If ctx ends first, the remaining
-// connections are closed at once and ctx's error is returned.
+// waiters alike, closes them and waits for their goroutines; no waiter is
+// promoted once shutdown has begun. Sessions that have not finished within
+// one io-timeout (a client that does not read) are closed at once. Then it
+// waits for OnEvent to be told of the last releases. If ctx ends first, it
+// closes what is still open and returns ctx's error without waiting for
+// OnEvent.
 func (srv *Server) Shutdown(ctx context.Context) error {
-	sessions := srv.beginClose()
-	past := time.Unix(1, 0)
-	for _, s := range sessions {
-		// Wakes the session goroutine from its read; it sees closing and
-		// sends 0x01 itself. See the loop in serve for why this cannot be
-		// lost to a deadline that the goroutine sets at the same time.
-		s.conn.SetReadDeadline(past)
+	for _, s := range srv.beginClose() {
+		s.conn.SetReadDeadline(time.Unix(1, 0)) // rule 6: its goroutine sends 0x01 and ends
 	}
 	finished := make(chan struct{})
 	go func() {
 		srv.wg.Wait()
-		srv.eventWG.Wait() // the last releases reach OnEvent before Shutdown returns
 		close(finished)
 	}()
+	bound := time.NewTimer(srv.ioTimeout())
+	defer bound.Stop()
 	select {
 	case <-finished:
-		return nil
+	case <-bound.C:
+		srv.Close()
+		<-finished // at once: every connection is closed
 	case <-ctx.Done():
 		srv.Close()
 		<-finished
+		return ctx.Err()
+	}
+	delivered := make(chan struct{})
+	go func() {
+		srv.eventWG.Wait()
+		close(delivered)
+	}()
+	select {
+	case <-delivered:
+		return nil
+	case <-ctx.Done():
 		return ctx.Err()
 	}
 }
@@ -223,13 +291,13 @@ func (srv *Server) Shutdown(ctx context.Context) error {
 // the others get nothing. It does not wait for the session goroutines.
 func (srv *Server) Close() error {
 	for _, s := range srv.beginClose() {
-		s.conn.Close()
+		closeConn(s.conn)
 	}
 	return nil
 }
 
-// beginClose marks the server closing, closes the listeners and returns
-// the sessions alive at that moment.
+// beginClose marks the server closing, closes the listeners, takes every
+// session out of the table without promoting anyone, and returns them.
 func (srv *Server) beginClose() []*session {
 	srv.mu.Lock()
 	defer srv.mu.Unlock()
@@ -242,9 +310,20 @@ func (srv *Server) beginClose() []*session {
 	}
 	sessions := make([]*session, 0, len(srv.sessions))
 	for s := range srv.sessions {
+		srv.stopLocked(s, CodeShuttingDown)
 		sessions = append(sessions, s)
 	}
 	return sessions
+}
+
+// closeConn closes c without TLS's close_notify, which waits up to 5 s for
+// a client that does not read: the protocol's last word is its ERROR frame
+// or the end of the connection.
+func closeConn(c net.Conn) {
+	if tc, ok := c.(*tls.Conn); ok {
+		c = tc.NetConn()
+	}
+	c.Close()
 }
 
 // serve is the session's first goroutine. It handshakes and reads the
@@ -256,38 +335,27 @@ func (srv *Server) beginClose() []*session {
 func (s *session) serve() {
 	if tc, ok := s.conn.(*tls.Conn); ok {
 		if err := s.handshake(tc); err != nil {
-			s.finish(err)
+			s.final = true // a frame now would only start another handshake
+			s.end(err)
 			return
 		}
 	}
 	deadline, why := s.run(0, time.Now().Add(s.srv.ioTimeout()))
 	if why != errJoined {
-		s.finish(why)
+		s.end(why)
 		return
 	}
 	go func() { // owns the session from here on
 		_, why := s.run(s.lease, deadline)
-		s.finish(why)
+		s.end(why)
 	}()
 }
 
-// finish ends the session for its last goroutine.
-func (s *session) finish(why error) {
-	s.end(why)
-	if log := s.srv.log(); log.Enabled(context.Background(), slog.LevelDebug) {
-		log.Debug("session ended", "remote", s.remote, "lock", s.name, "why", why)
-	}
-	s.srv.wg.Done()
-}
-
-// stopped returns the error to end the session with when the server is
-// shutting down or an administrator ended the session, and nil otherwise.
+// stopped returns the error that Shutdown or an administrator ended the
+// session with, or nil.
 func (s *session) stopped() error {
-	switch {
-	case s.srv.closing.Load():
-		return ErrShuttingDown
-	case s.kicked.Load():
-		return ErrClosedByAdmin
+	if code := s.stop.Load(); code != 0 {
+		return Code(code).Err()
 	}
 	return nil
 }
@@ -299,23 +367,26 @@ var (
 	errJoined    = errors.New("joined the table") // not an end: see serve
 )
 
-// run reads and answers frames until the session ends, and says why;
+// run reads and answers frames until the session must end, and says why;
 // before the ACQUIRE (lease 0) it also returns errJoined, with the next
 // deadline, once the session has joined the table. The next frame must
 // begin by deadline.
 func (s *session) run(lease time.Duration, deadline time.Time) (next time.Time, why error) {
 	for {
 		s.conn.SetReadDeadline(deadline)
-		// Checked after setting the deadline: Shutdown and the administrator
-		// set their flag before they set a past deadline, so either this
-		// sees the flag or their deadline overrides ours.
-		if err := s.stopped(); err != nil {
-			return deadline, s.fail(err)
+		if err := s.stopped(); err != nil { // rule 6
+			return deadline, err
 		}
 		if s.r == s.w { // the only place an idle session waits
 			n, err := s.conn.Read(s.rbuf[:])
 			if n == 0 {
-				return deadline, s.readFailed(err, lease)
+				switch {
+				case isTimeout(err) && lease != 0:
+					err = errExpired
+				case isTimeout(err):
+					err = errIOTimeout
+				}
+				return deadline, err
 			}
 			s.r, s.w = 0, uint8(n)
 		}
@@ -324,21 +395,21 @@ func (s *session) run(lease time.Duration, deadline time.Time) (next time.Time, 
 		seen := time.Now() // lastSeenAt, if the frame turns out valid
 		switch {
 		case typ == TypeHeartbeat && lease == 0:
-			return deadline, s.fail(ErrAcquireFirst)
+			return deadline, ErrAcquireFirst
 		case typ == TypeHeartbeat:
 			s.srv.heartbeats.Add(1)
 			if err := s.writeState(); err != nil {
 				return deadline, err
 			}
 		case typ == TypeAcquire && lease != 0:
-			return deadline, s.fail(ErrDuplicateAcquire)
+			return deadline, ErrDuplicateAcquire
 		case typ == TypeAcquire:
 			if err := s.acquire(); err != nil {
 				return deadline, err
 			}
 			return time.Now().Add(s.lease), errJoined
 		default:
-			return deadline, s.fail(unknownType(typ))
+			return deadline, unknownType(typ)
 		}
 		deadline = seen.Add(lease)
 	}
@@ -349,25 +420,18 @@ func (s *session) run(lease time.Duration, deadline time.Time) (next time.Time, 
 // before the first frame.
 func (s *session) handshake(tc *tls.Conn) error {
 	tc.SetDeadline(time.Now().Add(s.srv.ioTimeout()))
+	if err := s.stopped(); err != nil { // rule 6
+		return err
+	}
 	if err := tc.Handshake(); err != nil {
-		s.srv.tlsHandshakeErrors.Add(1)
+		if s.stopped() == nil {
+			s.srv.tlsHandshakeErrors.Add(1)
+			s.srv.infoLimited(&s.srv.handshakeLog, "TLS handshake failed", "remote", s.remote, "err", err)
+		}
 		return fmt.Errorf("TLS handshake: %w", err)
 	}
 	s.identity = Identity(tc.ConnectionState())
 	return nil
-}
-
-// readFailed says why the read of a frame's first byte failed.
-func (s *session) readFailed(err error, lease time.Duration) error {
-	switch {
-	case s.stopped() != nil:
-		return s.fail(s.stopped())
-	case isTimeout(err) && lease != 0:
-		return errExpired
-	case isTimeout(err):
-		return errIOTimeout
-	}
-	return err // EOF or reset: the client is gone
 }
 
 // acquire reads the rest of an ACQUIRE, checks it, and joins the lock's
@@ -375,11 +439,14 @@ func (s *session) readFailed(err error, lease time.Duration) error {
 func (s *session) acquire() error {
 	srv := s.srv
 	s.conn.SetReadDeadline(time.Now().Add(srv.ioTimeout()))
+	if err := s.stopped(); err != nil { // rule 6
+		return err
+	}
 	f, err := readAcquire(s)
 	if isTimeout(err) {
 		return errIOTimeout
 	} else if err != nil {
-		return s.fail(err)
+		return err
 	}
 	s.name = f.Name
 	if srv.Authorize != nil && !srv.Authorize(s.identity, f.Name) {
@@ -387,7 +454,8 @@ func (s *session) acquire() error {
 		srv.mu.Lock()
 		srv.emitLocked(Event{Type: EventDenied}, s)
 		srv.mu.Unlock()
-		return s.fail(fmt.Errorf("%w %q", ErrNotAuthorized, f.Name))
+		srv.infoLimited(&srv.denialLog, "ACQUIRE not authorized", "identity", s.identity, "lock", f.Name, "remote", s.remote)
+		return fmt.Errorf("%w %q", ErrNotAuthorized, f.Name)
 	}
 	s.lease = time.Duration(f.LeaseMS) * time.Millisecond
 	srv.acquires.Add(1)
@@ -428,14 +496,14 @@ func isTimeout(err error) bool {
 
 // join makes s the holder or the last waiter of its lock and writes the
 // answer. wmu is held from before the table changes until the answer is
-// written, so a promotion that races it is pushed after the WAITING.
+// written (rule 1), so a promotion that races it is pushed after the WAITING.
 func (srv *Server) join(s *session) error {
 	s.wmu.Lock()
 	defer s.wmu.Unlock()
 	srv.mu.Lock()
-	if srv.closing.Load() {
+	if err := s.stopped(); err != nil { // Shutdown passed this session by: rule 6
 		srv.mu.Unlock()
-		return s.writeErrorLocked(ErrShuttingDown)
+		return err
 	}
 	l := srv.locks[s.name]
 	if l == nil {
@@ -460,7 +528,7 @@ func (srv *Server) join(s *session) error {
 	return s.writeAcquiredLocked(token)
 }
 
-// grantLocked makes s the holder of l with a fresh token.
+// grantLocked makes s the holder of l with a fresh token (rule 2).
 func (srv *Server) grantLocked(l *lock, s *session) uint64 {
 	now := time.Now()
 	wait := now.Sub(s.since)
@@ -486,41 +554,71 @@ func (srv *Server) nextTokenLocked(now time.Time) uint64 {
 	return t
 }
 
-// end removes s from the table and, if it held its lock, promotes the
-// head waiter, whose goroutine is busy with its own reads, by pushing
-// ACQUIRED from here. Closing s waits until after the push: the table
-// already says who holds, and the waiter should not wait for a syscall.
+// end is the one way a session ends (rule 4), on its last goroutine: it
+// leaves the table, pushes ACQUIRED to the waiter that leaving promoted,
+// writes its own final frame when why carries a code, and closes.
 func (s *session) end(why error) {
-	defer s.conn.Close()
 	srv := s.srv
-	srv.mu.Lock()
-	delete(srv.sessions, s)
-	var next *session
-	var token uint64
-	if l := s.lock; l != nil {
-		if l.holder == s {
-			l.holder = nil
-			held, reason := time.Since(s.since), releaseReason(why)
-			srv.releases[reason]++
-			srv.holdTotal += held
-			srv.emitLocked(Event{Type: EventReleased, Token: s.token.Load(), Held: held, Reason: reason}, s)
-			if front := l.waiters.Front(); front != nil && !srv.closing.Load() {
-				next = l.waiters.Remove(front).(*session)
-				next.elem = nil
-				token = srv.grantLocked(l, next)
-			}
-		} else {
-			l.waiters.Remove(s.elem)
-			s.elem = nil
-		}
-		if l.holder == nil && l.waiters.Len() == 0 {
-			delete(srv.locks, s.name)
-		}
+	if err := s.stopped(); err != nil {
+		why = err // whatever else went wrong came of being stopped
 	}
+	srv.mu.Lock()
+	next, token := srv.leaveLocked(s, why)
+	delete(srv.sessions, s)
 	srv.mu.Unlock()
 	if next != nil {
 		next.push(token)
 	}
+	s.wmu.Lock()
+	if code, ok := codeOf(why); ok && !s.final {
+		srv.protocolErrors[code].Add(1)
+		s.writeErrorLocked(code, why.Error())
+	}
+	s.final = true
+	s.wmu.Unlock()
+	closeConn(s.conn)
+	if log := srv.log(); log.Enabled(context.Background(), slog.LevelDebug) {
+		log.Debug("session ended", "remote", s.remote, "lock", s.name, "why", why)
+	}
+	srv.wg.Done()
+}
+
+// leaveLocked takes s out of the table, once (rule 3). If s held its lock,
+// the head waiter is granted it and returned, to be pushed outside the
+// mutex (rule 1); nobody is promoted once the server is closing.
+func (srv *Server) leaveLocked(s *session, why error) (next *session, token uint64) {
+	l := s.lock
+	if l == nil {
+		return nil, 0
+	}
+	s.lock = nil
+	if l.holder == s {
+		l.holder = nil
+		held, reason := time.Since(s.since), releaseReason(why)
+		srv.releases[reason]++
+		srv.holdTotal += held
+		srv.emitLocked(Event{Type: EventReleased, Token: s.token.Load(), Held: held, Reason: reason}, s)
+		if front := l.waiters.Front(); front != nil && !srv.closing.Load() {
+			next = l.waiters.Remove(front).(*session)
+			next.elem = nil
+			token = srv.grantLocked(l, next)
+		}
+	} else {
+		l.waiters.Remove(s.elem)
+		s.elem = nil
+	}
+	if l.holder == nil && l.waiters.Len() == 0 {
+		delete(srv.locks, s.name)
+	}
+	return next, token
+}
+
+// stopLocked is how Shutdown and administrators end a session: out of the
+// table now (rule 4), the final frame and the close by its own goroutine,
+// which the caller wakes with a past read deadline (rule 6).
+func (srv *Server) stopLocked(s *session, code Code) (next *session, token uint64) {
+	s.stop.CompareAndSwap(0, uint32(code))
+	return srv.leaveLocked(s, code.Err())
 }
 
 // The reasons of a release.
@@ -543,14 +641,14 @@ func releaseReason(why error) string {
 	return ReasonGraceful
 }
 
-// push sends the promotion's ACQUIRED. A waiter that cannot take it is
-// closed; its own goroutine then ends it, which promotes the next one.
+// push sends the promotion's ACQUIRED, unless the session has ended
+// meanwhile (rule 5). A waiter that cannot take it is closed; its own
+// goroutine then ends it, which promotes the next one.
 func (s *session) push(token uint64) {
 	s.wmu.Lock()
-	err := s.writeAcquiredLocked(token)
-	s.wmu.Unlock()
-	if err != nil {
-		s.conn.Close()
+	defer s.wmu.Unlock()
+	if !s.final && s.writeAcquiredLocked(token) != nil {
+		closeConn(s.conn)
 	}
 }
 
@@ -570,21 +668,7 @@ func (s *session) writeAcquiredLocked(token uint64) error {
 	return s.writeLocked(b)
 }
 
-// fail sends the ERROR frame for err when err carries a code, and returns
-// err; the session then ends, which closes the connection.
-func (s *session) fail(err error) error {
-	if code, ok := codeOf(err); ok {
-		s.srv.protocolErrors[code].Add(1)
-		s.wmu.Lock()
-		defer s.wmu.Unlock()
-		s.writeErrorLocked(err)
-	}
-	return err
-}
-
-func (s *session) writeErrorLocked(err error) error {
-	code, _ := codeOf(err)
-	reason := err.Error()
+func (s *session) writeErrorLocked(code Code, reason string) error {
 	if len(reason) > MaxReasonLen {
 		cut := MaxReasonLen
 		for !utf8.RuneStart(reason[cut]) {
@@ -599,6 +683,9 @@ func (s *session) writeErrorLocked(err error) error {
 func (s *session) writeLocked(b []byte) error {
 	s.conn.SetWriteDeadline(time.Now().Add(s.srv.ioTimeout()))
 	_, err := s.conn.Write(b)
+	if err != nil {
+		s.final = true // the stream may end mid-frame: rule 5
+	}
 	return err
 }
 
@@ -629,6 +716,10 @@ const (
 // delivers them, outside it.
 func (srv *Server) emitLocked(ev Event, s *session) {
 	if srv.OnEvent == nil {
+		return
+	}
+	if len(srv.events) >= maxQueuedEvents {
+		srv.eventsDropped++
 		return
 	}
 	ev.Time, ev.Lock, ev.Identity, ev.RemoteAddr = time.Now(), s.name, s.identity, s.remote
@@ -704,7 +795,7 @@ func (srv *Server) Stats() Stats {
 		}
 		st.Waiters += l.waiters.Len()
 	}
-	st.Grants, st.WaitTotal, st.HoldTotal = srv.grants, srv.waitTotal, srv.holdTotal
+	st.Grants, st.WaitTotal, st.HoldTotal, st.EventsDropped = srv.grants, srv.waitTotal, srv.holdTotal, srv.eventsDropped
 	for reason, n := range srv.releases {
 		st.Releases[reason] = n
 	}
@@ -773,55 +864,57 @@ var (
 	ErrStaleToken = errors.New("monolock: the lock is held under another token")
 )
 
-// ForceRelease ends the session that holds name under token: it is sent
-// ERROR 0x02 and closed, and the next waiter is promoted at once. It
-// returns the holder it ended. When name is held under another token (the
-// holder the caller meant is gone, and someone else holds it now), it ends
-// nobody and returns ErrStaleToken. Token 0 means whoever holds name now.
+// ForceRelease ends the session that holds name under token: it leaves the
+// table at once, the next waiter is promoted, and the session is sent
+// ERROR 0x02 and closed. It returns the holder it ended. When name is held
+// under another token (the holder the caller meant is gone, and someone
+// else holds it now), it ends nobody and returns ErrStaleToken. Token 0
+// means whoever holds name now.
 func (srv *Server) ForceRelease(name string, token uint64) (SessionInfo, error) {
-	var stale bool
-	info, err := srv.kick(name, func(l *lock) *session {
-		if h := l.holder; h != nil && token != 0 && h.token.Load() != token {
-			stale = true
-			return nil
+	return srv.kick(name, EventForceRelease, func(l *lock) (*session, error) {
+		switch h := l.holder; {
+		case h == nil:
+			return nil, ErrNotFound
+		case token != 0 && h.token.Load() != token:
+			return nil, ErrStaleToken
 		}
-		return l.holder
-	}, EventForceRelease)
-	if stale {
-		err = ErrStaleToken
-	}
-	return info, err
+		return l.holder, nil
+	})
 }
 
 // KickWaiter ends the waiter of name whose remote address is remoteAddr:
-// it is sent ERROR 0x02 and closed; the others keep their order.
+// it leaves the queue at once, so it is never promoted, and is sent ERROR
+// 0x02 and closed; the others keep their order.
 func (srv *Server) KickWaiter(name, remoteAddr string) (SessionInfo, error) {
-	return srv.kick(name, func(l *lock) *session {
+	return srv.kick(name, EventKickWaiter, func(l *lock) (*session, error) {
 		for e := l.waiters.Front(); e != nil; e = e.Next() {
 			if s := e.Value.(*session); s.remote == remoteAddr {
-				return s
+				return s, nil
 			}
 		}
-		return nil
-	}, EventKickWaiter)
+		return nil, ErrNotFound
+	})
 }
 
-func (srv *Server) kick(name string, find func(*lock) *session, event string) (SessionInfo, error) {
+func (srv *Server) kick(name, event string, find func(*lock) (*session, error)) (SessionInfo, error) {
 	srv.mu.Lock()
-	var s *session
-	if l := srv.locks[name]; l != nil && !srv.closing.Load() {
-		s = find(l)
-	}
-	if s == nil {
+	l := srv.locks[name]
+	if l == nil || srv.closing.Load() {
 		srv.mu.Unlock()
 		return SessionInfo{}, ErrNotFound
 	}
-	if !s.kicked.Swap(true) {
-		srv.emitLocked(Event{Type: event, Token: s.token.Load()}, s)
+	s, err := find(l)
+	if err != nil {
+		srv.mu.Unlock()
+		return SessionInfo{}, err
 	}
 	info := s.infoLocked()
+	srv.emitLocked(Event{Type: event, Token: info.Token}, s)
+	next, token := srv.stopLocked(s, CodeClosedByAdmin)
 	srv.mu.Unlock()
-	// Wakes the session's goroutine, which sends 0x02 itself and ends.
-	s.conn.SetReadDeadline(time.Unix(1, 0))
+	if next != nil {
+		next.push(token)
+	}
+	s.conn.SetReadDeadline(time.Unix(1, 0)) // rule 6
 	return info, nil
 }
