@@ -558,7 +558,7 @@ func TestAdminAPI(t *testing.T) {
 
 	code, body := httpGet(t, base+"/api/info")
 	var info map[string]any
-	if code != 200 || json.Unmarshal([]byte(body), &info) != nil || info["version"] == nil || info["config"] == nil || info["counts"] == nil {
+	if code != 200 || json.Unmarshal([]byte(body), &info) != nil || info["version"] == nil || info["config"] == nil || info["locks"] == nil {
 		t.Fatalf("/api/info: %d %s", code, body)
 	}
 }
