@@ -379,3 +379,24 @@ func TestDiagnosticsAreUTC(t *testing.T) {
 		}
 	}
 }
+
+func TestBuildInfoAgreesWithAPIInfo(t *testing.T) {
+	s := start(t, nil, "-ops-listen", "127.0.0.1:0", "-admin-listen", "127.0.0.1:0")
+	code, body := httpGet(t, "http://"+s.admin+"/api/info")
+	if code != 200 {
+		t.Fatalf("/api/info: %d %s", code, body)
+	}
+	info := checkFields(t, "info", decodeJSON(t, body), map[string]string{"version": "string", "revision": "string", "go_version": "string"})
+	if t.Failed() {
+		t.FailNow()
+	}
+	values, exposition := metrics(t, s)
+	checkExposition(t, exposition)
+	if !strings.Contains(exposition, "\n# TYPE monolock_build_info gauge\n") {
+		t.Fatalf("no monolock_build_info gauge in\n%s", exposition)
+	}
+	want := fmt.Sprintf(`monolock_build_info{version=%q,revision=%q,goversion=%q}`, info["version"], info["revision"], info["go_version"])
+	if got, ok := values[want]; !ok || got != 1 {
+		t.Fatalf("want %s 1 in\n%s", want, exposition)
+	}
+}

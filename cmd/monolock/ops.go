@@ -108,10 +108,25 @@ func (o *ops) writeMetrics(w io.Writer) {
 	if o.audit != nil {
 		family("monolock_audit_write_errors_total", "counter", "Audit log lines that could not be written.", uvalue(o.audit.errors.Load()))
 	}
+	family("monolock_build_info", "gauge", "Always 1; the labels say which build serves, as /api/info does.",
+		"{version=\""+escapeLabel(version())+"\",revision=\""+escapeLabel(buildSetting("vcs.revision"))+
+			"\",goversion=\""+escapeLabel(runtime.Version())+"\"} 1")
 	family("go_goroutines", "gauge", "Goroutines that currently exist.", value(float64(runtime.NumGoroutine())))
 	family("go_heap_alloc_bytes", "gauge", "Bytes of allocated heap objects.", uvalue(ms.HeapAlloc))
 	family("go_gc_cycles_total", "counter", "Completed garbage collection cycles.", uvalue(uint64(ms.NumGC)))
 	io.WriteString(w, b.String())
+}
+
+// buildSetting returns a setting of the build information, or "".
+func buildSetting(key string) string {
+	if info, ok := debug.ReadBuildInfo(); ok {
+		for _, s := range info.Settings {
+			if s.Key == key {
+				return s.Value
+			}
+		}
+	}
+	return ""
 }
 
 // escapeLabel escapes a label value as the text format requires.
@@ -182,6 +197,8 @@ func (o *ops) adminHandler() http.Handler {
 		// shutdown: locks counts the held ones, like monolock_locks_held.
 		writeJSON(w, http.StatusOK, map[string]any{
 			"version":     version(),
+			"revision":    buildSetting("vcs.revision"),
+			"go_version":  runtime.Version(),
 			"uptime_ms":   time.Since(o.started).Milliseconds(),
 			"config":      o.config,
 			"locks":       st.LocksHeld,
@@ -218,7 +235,7 @@ func (o *ops) adminHandler() http.Handler {
 			token, err = strconv.ParseUint(values[0], 10, 64)
 			if err != nil || token == 0 || len(values) > 1 {
 				writeJSON(w, http.StatusBadRequest, map[string]string{
-					"error": "token must be one fencing token, a positive decimal integer", "name": name, "token": strings.Join(values, ",")})
+					"error": "token must be one fencing token, a positive decimal integer", "name": name})
 				return
 			}
 		}
