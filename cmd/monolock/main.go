@@ -99,7 +99,7 @@ func serve(args []string, stdout, stderr io.Writer) int {
 		return fail(2, "%v", err)
 	}
 
-	opts := &slog.HandlerOptions{Level: slog.Level(level)}
+	opts := &slog.HandlerOptions{Level: slog.Level(level), ReplaceAttr: replaceAttr}
 	var handler slog.Handler = slog.NewTextHandler(stderr, opts)
 	if format.value == "json" {
 		handler = slog.NewJSONHandler(stderr, opts)
@@ -109,7 +109,7 @@ func serve(args []string, stdout, stderr io.Writer) int {
 	srv := &monolock.Server{IOTimeout: *ioTimeout, Logger: logger}
 	o := &ops{srv: srv, started: time.Now(), config: map[string]any{
 		"listen": *listen, "ops_listen": *opsListen, "admin_listen": *adminListen,
-		"io_timeout": ioTimeout.String(), "log_level": level.String(), "log_format": format.value,
+		"io_timeout_ms": ioTimeout.Milliseconds(), "log_level": level.String(), "log_format": format.value,
 		"audit_log": *auditPath, "tls": sec.certFile != "", "mtls": sec.clientCAFile != "", "acl_file": sec.aclFile,
 	}}
 	if *auditPath != "" {
@@ -198,6 +198,20 @@ func serve(args []string, stdout, stderr io.Writer) int {
 			return 0
 		}
 	}
+}
+
+// replaceAttr writes every time of the diagnostics in UTC, whatever TZ says,
+// so that lines from machines in different zones sort and compare; and
+// every duration as text ("5s"), which JSON would otherwise write as
+// nanoseconds.
+func replaceAttr(groups []string, a slog.Attr) slog.Attr {
+	switch a.Value.Kind() {
+	case slog.KindTime:
+		a.Value = slog.TimeValue(a.Value.Time().UTC())
+	case slog.KindDuration:
+		a.Value = slog.StringValue(a.Value.Duration().String())
+	}
+	return a
 }
 
 // parse applies the environment, then the command line, to fs. It returns

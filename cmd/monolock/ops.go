@@ -71,14 +71,17 @@ func (o *ops) writeMetrics(w io.Writer) {
 	family("monolock_connections_active", "gauge", "Open connections, with or without a lock.", value(float64(st.Connections)))
 	family("monolock_locks_held", "gauge", "Locks that have a holder.", value(float64(st.LocksHeld)))
 	family("monolock_waiters", "gauge", "Sessions waiting in a lock's queue.", value(float64(st.Waiters)))
-	family("monolock_acquires_total", "counter", "Valid, authorized ACQUIREs, granted at once or queued.", uvalue(st.Acquires))
+	family("monolock_acquires_total", "counter", "Granted ownerships, at once or by promotion: issued fencing tokens.", uvalue(st.Grants))
+	family("monolock_acquire_requests_total", "counter", "Valid, authorized ACQUIREs, granted at once or queued.", uvalue(st.Acquires))
 	family("monolock_acl_denials_total", "counter", "ACQUIREs refused by the authorization rules.", uvalue(st.Denials))
 	var releases []string
 	for _, reason := range []string{monolock.ReasonGraceful, monolock.ReasonExpired, monolock.ReasonIOTimeout, monolock.ReasonForce} {
 		releases = append(releases, label("reason", reason)+uvalue(st.Releases[reason]))
 	}
 	family("monolock_releases_total", "counter", "Releases of held locks, by reason.", releases...)
-	codes := []monolock.Code{0x10, 0x11, 0x12, 0x13, 0x14, 0x15, 0x16, 0x17, 0x18}
+	// Every defined code is listed, at 0 too, so that a rate() over a code
+	// works from the first scrape.
+	codes := []monolock.Code{0x01, 0x02, 0x10, 0x11, 0x12, 0x13, 0x14, 0x15, 0x16, 0x17, 0x18}
 	for code := range st.Errors {
 		if !slices.Contains(codes, code) {
 			codes = append(codes, code)
@@ -89,7 +92,7 @@ func (o *ops) writeMetrics(w io.Writer) {
 	for _, code := range codes {
 		protocol = append(protocol, label("code", fmt.Sprintf("0x%02x", uint8(code)))+uvalue(st.Errors[code]))
 	}
-	family("monolock_protocol_errors_total", "counter", "ERROR frames sent for client errors, by code.", protocol...)
+	family("monolock_protocol_errors_total", "counter", "ERROR frames sent, by wire code: server conditions (0x01, 0x02) and client errors.", protocol...)
 	family("monolock_connections_accepted_total", "counter", "Connections accepted.", uvalue(st.ConnectionsAccepted))
 	family("monolock_accept_errors_total", "counter", "Failed accepts (EMFILE, ENFILE, ...), each retried after a backoff.", uvalue(st.AcceptErrors))
 	family("monolock_tls_handshake_errors_total", "counter", "TLS handshakes that failed or timed out.", uvalue(st.TLSHandshakeErrors))
@@ -105,10 +108,25 @@ func (o *ops) writeMetrics(w io.Writer) {
 	if o.audit != nil {
 		family("monolock_audit_write_errors_total", "counter", "Audit log lines that could not be written.", uvalue(o.audit.errors.Load()))
 	}
+	family("monolock_build_info", "gauge", "Always 1; the labels say which build serves, as /api/info does.",
+		"{version=\""+escapeLabel(version())+"\",revision=\""+escapeLabel(buildSetting("vcs.revision"))+
+			"\",goversion=\""+escapeLabel(runtime.Version())+"\"} 1")
 	family("go_goroutines", "gauge", "Goroutines that currently exist.", value(float64(runtime.NumGoroutine())))
 	family("go_heap_alloc_bytes", "gauge", "Bytes of allocated heap objects.", uvalue(ms.HeapAlloc))
 	family("go_gc_cycles_total", "counter", "Completed garbage collection cycles.", uvalue(uint64(ms.NumGC)))
 	io.WriteString(w, b.String())
+}
+
+// buildSetting returns a setting of the build information, or "".
+func buildSetting(key string) string {
+	if info, ok := debug.ReadBuildInfo(); ok {
+		for _, s := range info.Settings {
+			if s.Key == key {
+				return s.Value
+			}
+		}
+	}
+	return ""
 }
 
 // escapeLabel escapes a label value as the text format requires.
@@ -116,33 +134,45 @@ func escapeLabel(s string) string {
 	return strings.NewReplacer(`\`, `\\`, `"`, `\"`, "\n", `\n`).Replace(s)
 }
 
-// The admin API's JSON.
-type sessionJSON struct {
+// The admin API's JSON. A holder and a waiter are described with the
+// documented names: a waiter's time is queued_at, a holder's since.
+type holderJSON struct {
 	Identity   string    `json:"identity"`
 	RemoteAddr string    `json:"remote_addr"`
 	Since      time.Time `json:"since"`
 	LeaseMS    int64     `json:"lease_ms"`
-	Token      uint64    `json:"token,omitempty"`
+	Token      uint64    `json:"token"`
+}
+
+type waiterJSON struct {
+	Identity   string    `json:"identity"`
+	RemoteAddr string    `json:"remote_addr"`
+	QueuedAt   time.Time `json:"queued_at"`
+	LeaseMS    int64     `json:"lease_ms"`
 }
 
 type lockJSON struct {
-	Name    string        `json:"name"`
-	Holder  *sessionJSON  `json:"holder"`
-	Waiters []sessionJSON `json:"waiters"`
+	Name    string       `json:"name"`
+	Holder  *holderJSON  `json:"holder"`
+	Waiters []waiterJSON `json:"waiters"`
 }
 
-func toSessionJSON(s monolock.SessionInfo) sessionJSON {
-	return sessionJSON{Identity: s.Identity, RemoteAddr: s.RemoteAddr, Since: s.Since.UTC(), LeaseMS: s.Lease.Milliseconds(), Token: s.Token}
+func toHolderJSON(s monolock.SessionInfo) holderJSON {
+	return holderJSON{Identity: s.Identity, RemoteAddr: s.RemoteAddr, Since: s.Since.UTC(), LeaseMS: s.Lease.Milliseconds(), Token: s.Token}
+}
+
+func toWaiterJSON(s monolock.SessionInfo) waiterJSON {
+	return waiterJSON{Identity: s.Identity, RemoteAddr: s.RemoteAddr, QueuedAt: s.Since.UTC(), LeaseMS: s.Lease.Milliseconds()}
 }
 
 func toLockJSON(l monolock.LockInfo) lockJSON {
-	out := lockJSON{Name: l.Name, Waiters: []sessionJSON{}}
+	out := lockJSON{Name: l.Name, Waiters: []waiterJSON{}}
 	if l.Holder != nil {
-		h := toSessionJSON(*l.Holder)
+		h := toHolderJSON(*l.Holder)
 		out.Holder = &h
 	}
 	for _, w := range l.Waiters {
-		out.Waiters = append(out.Waiters, toSessionJSON(w))
+		out.Waiters = append(out.Waiters, toWaiterJSON(w))
 	}
 	return out
 }
@@ -163,15 +193,18 @@ func (o *ops) adminHandler() http.Handler {
 	}
 	mux.HandleFunc("/api/info", only("GET", func(w http.ResponseWriter, r *http.Request) {
 		st := o.srv.Stats()
+		// Every lock that exists has a holder, except for a moment during a
+		// shutdown: locks counts the held ones, like monolock_locks_held.
 		writeJSON(w, http.StatusOK, map[string]any{
-			"version":        version(),
-			"uptime_seconds": time.Since(o.started).Seconds(),
-			"config":         o.config,
-			"counts": map[string]int{
-				"connections": st.Connections,
-				"locks_held":  st.LocksHeld,
-				"waiters":     st.Waiters,
-			},
+			"version":     version(),
+			"revision":    buildSetting("vcs.revision"),
+			"go_version":  runtime.Version(),
+			"uptime_ms":   time.Since(o.started).Milliseconds(),
+			"config":      o.config,
+			"locks":       st.LocksHeld,
+			"sessions":    st.LocksHeld + st.Waiters,
+			"waiters":     st.Waiters,
+			"connections": st.Connections,
 		})
 	}))
 	mux.HandleFunc("/api/locks", only("GET", func(w http.ResponseWriter, r *http.Request) {
@@ -194,12 +227,31 @@ func (o *ops) adminHandler() http.Handler {
 	}))
 	mux.HandleFunc("/api/locks/{name}/release", only("POST", func(w http.ResponseWriter, r *http.Request) {
 		name := r.PathValue("name")
-		holder, err := o.srv.ForceRelease(name, 0)
-		if errors.Is(err, monolock.ErrNotFound) {
-			writeJSON(w, http.StatusNotFound, map[string]string{"error": "nobody holds the lock", "name": name})
-			return
+		// Without ?token= it ends whoever holds the lock now, which may be a
+		// waiter promoted a moment ago; with it, only the holder meant.
+		var token uint64
+		if values, ok := r.URL.Query()["token"]; ok {
+			var err error
+			token, err = strconv.ParseUint(values[0], 10, 64)
+			if err != nil || token == 0 || len(values) > 1 {
+				writeJSON(w, http.StatusBadRequest, map[string]string{
+					"error": "token must be one fencing token, a positive decimal integer", "name": name})
+				return
+			}
 		}
-		writeJSON(w, http.StatusOK, map[string]any{"name": name, "released": toSessionJSON(holder)})
+		holder, err := o.srv.ForceRelease(name, token)
+		switch {
+		case errors.Is(err, monolock.ErrNotFound):
+			writeJSON(w, http.StatusNotFound, map[string]string{"error": "nobody holds the lock", "name": name})
+		case errors.Is(err, monolock.ErrStaleToken):
+			writeJSON(w, http.StatusConflict, map[string]any{
+				"error": "the lock is now held under another token: the holder with this token is gone; nothing was released",
+				"name":  name, "token": token})
+		case err != nil:
+			writeJSON(w, http.StatusInternalServerError, map[string]string{"error": err.Error(), "name": name})
+		default:
+			writeJSON(w, http.StatusOK, map[string]any{"name": name, "released": toHolderJSON(holder)})
+		}
 	}))
 	mux.HandleFunc("/api/locks/{name}/waiters/{remote_addr}", only("DELETE", func(w http.ResponseWriter, r *http.Request) {
 		name, addr := r.PathValue("name"), r.PathValue("remote_addr")
@@ -208,7 +260,7 @@ func (o *ops) adminHandler() http.Handler {
 			writeJSON(w, http.StatusNotFound, map[string]string{"error": "no such waiter in the lock's queue", "name": name, "remote_addr": addr})
 			return
 		}
-		writeJSON(w, http.StatusOK, map[string]any{"name": name, "kicked": toSessionJSON(waiter)})
+		writeJSON(w, http.StatusOK, map[string]any{"name": name, "kicked": toWaiterJSON(waiter)})
 	}))
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusNotFound, map[string]string{"error": "no such endpoint: " + r.URL.Path})

@@ -111,7 +111,7 @@ var (
 		"monolock_acquires_total", "monolock_acl_denials_total", "monolock_releases_total",
 		"monolock_protocol_errors_total", "monolock_connections_accepted_total", "monolock_accept_errors_total",
 		"monolock_tls_handshake_errors_total", "monolock_heartbeats_total", "monolock_wait_seconds",
-		"monolock_hold_seconds", "go_goroutines", "go_heap_alloc_bytes", "go_gc_cycles_total"}
+		"monolock_hold_seconds", "monolock_acquire_requests_total", "monolock_build_info", "go_goroutines", "go_heap_alloc_bytes", "go_gc_cycles_total"}
 )
 
 // checkExposition validates the text format line by line: every sample
@@ -558,7 +558,7 @@ func TestAdminAPI(t *testing.T) {
 
 	code, body := httpGet(t, base+"/api/info")
 	var info map[string]any
-	if code != 200 || json.Unmarshal([]byte(body), &info) != nil || info["version"] == nil || info["config"] == nil || info["counts"] == nil {
+	if code != 200 || json.Unmarshal([]byte(body), &info) != nil || info["version"] == nil || info["config"] == nil || info["locks"] == nil {
 		t.Fatalf("/api/info: %d %s", code, body)
 	}
 }
