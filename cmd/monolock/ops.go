@@ -10,7 +10,6 @@ import (
 	"net/http"
 	"os"
 	"runtime"
-	"runtime/debug"
 	"slices"
 	"strconv"
 	"strings"
@@ -71,6 +70,7 @@ func (o *ops) writeMetrics(w io.Writer) {
 	family("monolock_connections_active", "gauge", "Open connections, with or without a lock.", value(float64(st.Connections)))
 	family("monolock_locks_held", "gauge", "Locks that have a holder.", value(float64(st.LocksHeld)))
 	family("monolock_waiters", "gauge", "Sessions waiting in a lock's queue.", value(float64(st.Waiters)))
+	family("monolock_build_info", "gauge", "Always 1; the labels say which build is running.", readBuildInfo().metricLabels()+" 1")
 	family("monolock_acquires_total", "counter", "Valid, authorized ACQUIREs, granted at once or queued.", uvalue(st.Acquires))
 	family("monolock_acl_denials_total", "counter", "ACQUIREs refused by the authorization rules.", uvalue(st.Denials))
 	var releases []string
@@ -225,10 +225,7 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 }
 
 func version() string {
-	if info, ok := debug.ReadBuildInfo(); ok && info.Main.Version != "" {
-		return info.Main.Version
-	}
-	return "(devel)"
+	return readBuildInfo().version
 }
 
 // isLoopback reports whether a listen address can only be reached from
