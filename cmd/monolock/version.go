@@ -17,25 +17,34 @@ type buildInfo struct {
 	goVersion string
 }
 
+// Where the go command cannot stamp a build (a container build without
+// .git), the build may: go build -ldflags "-X main.stampVersion=v1.2.3
+// -X main.stampRevision=$(git rev-parse HEAD)". Empty means not given.
+var stampVersion, stampRevision string
+
 func readBuildInfo() buildInfo {
 	b := buildInfo{version: "(devel)", revision: "unknown", goVersion: runtime.Version()}
-	info, ok := debug.ReadBuildInfo()
-	if !ok {
-		return b
-	}
-	if info.Main.Version != "" {
-		b.version = info.Main.Version
-	}
-	if info.GoVersion != "" {
-		b.goVersion = info.GoVersion
-	}
-	for _, s := range info.Settings {
-		switch s.Key {
-		case "vcs.revision":
-			b.revision = s.Value
-		case "vcs.modified":
-			b.modified = s.Value == "true"
+	if info, ok := debug.ReadBuildInfo(); ok {
+		if info.Main.Version != "" {
+			b.version = info.Main.Version
 		}
+		if info.GoVersion != "" {
+			b.goVersion = info.GoVersion
+		}
+		for _, s := range info.Settings {
+			switch s.Key {
+			case "vcs.revision":
+				b.revision = s.Value
+			case "vcs.modified":
+				b.modified = s.Value == "true"
+			}
+		}
+	}
+	if stampVersion != "" {
+		b.version = stampVersion
+	}
+	if stampRevision != "" {
+		b.revision, b.modified = stampRevision, false
 	}
 	return b
 }

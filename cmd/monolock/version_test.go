@@ -73,3 +73,21 @@ func TestBuildInfoMetric(t *testing.T) {
 		t.Errorf("monolock_build_info is not announced as a gauge:\n%s", body)
 	}
 }
+
+// A container build has no .git to stamp from; the Dockerfile passes the
+// version and revision with -ldflags -X instead.
+func TestVersionStampedByTheLinker(t *testing.T) {
+	bin := t.TempDir() + "/monolock"
+	build := exec.Command("go", "build", "-o", bin,
+		"-ldflags", "-X main.stampVersion=v1.2.3 -X main.stampRevision=0123abcd", ".")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	out, err := exec.Command(bin, "-version").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "monolock v1.2.3, revision 0123abcd, "; !strings.HasPrefix(string(out), want) {
+		t.Errorf("monolock -version printed %q, want it to begin with %q", out, want)
+	}
+}
