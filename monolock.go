@@ -64,6 +64,6 @@
 // monolock command builds TLS, rules, metrics, the audit log and the admin
 // API on them.
 //
-// The wire format is in protocol.go and, normatively, in the protocol page
-// of the specification.
+// The wire format is in protocol.go and, normatively, in docs/protocol.md
+// in this module's repository.
 package monolock

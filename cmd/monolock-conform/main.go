@@ -1,5 +1,7 @@
 // Command monolock-conform checks an implementation of the monolock
-// protocol, in any language, against the rules of the specification.
+// protocol, in any language, against the rules of docs/protocol.md; the
+// client's rules, each with the check here that catches its breach, are in
+// docs/clients.md.
 //
 //	monolock-conform server [-io-timeout 5s] ADDR
 //	    black-box checks of the server at ADDR: every frame and error code,

@@ -35,6 +35,8 @@ func main() {
 			os.Exit(runMain(args[1:], os.Stdout, os.Stderr))
 		case "locks":
 			os.Exit(locksMain(args[1:], os.Stdout, os.Stderr))
+		case "version":
+			os.Exit(versionMain(args[1:], os.Stdout, os.Stderr))
 		}
 	}
 	os.Exit(serve(args, os.Stdout, os.Stderr))
@@ -44,6 +46,7 @@ const serveUsage = `Usage: monolock [flags]            serve locks
        monolock run [flags] NAME -- COMMAND [ARGS...]
                                   hold a lock around a command (monolock run -h)
        monolock locks [flags]     who holds what, from the admin API (monolock locks -h)
+       monolock version           the module version, VCS revision and Go version (also -version)
 
 Flags (a flag beats its environment variable, which beats the default):
 `
@@ -61,6 +64,7 @@ func serve(args []string, stdout, stderr io.Writer) int {
 	format := choiceFlag{value: "text", choices: []string{"text", "json"}}
 	fs.Var(&format, "log-format", "diagnostics `format` on stderr: text or json")
 	auditPath := fs.String("audit-log", "", "JSON-lines audit `file`, or - for stdout (default off)")
+	showVersion := fs.Bool("version", false, "print the version, VCS revision and Go version, and exit")
 	var sec security
 	fs.StringVar(&sec.certFile, "tls-cert", "", "PEM `file` of the server's certificate: TLS on the protocol port")
 	fs.StringVar(&sec.keyFile, "tls-key", "", "PEM `file` of the key of -tls-cert")
@@ -81,6 +85,9 @@ func serve(args []string, stdout, stderr io.Writer) int {
 	}
 	if code, ok := parse(fs, args, envs, serveUsage, stdout, stderr); !ok {
 		return code
+	}
+	if *showVersion {
+		return versionMain(nil, stdout, stderr)
 	}
 	fail := func(code int, format string, a ...any) int {
 		fmt.Fprintf(stderr, "monolock: "+format+"\n", a...)

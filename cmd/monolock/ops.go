@@ -10,7 +10,6 @@ import (
 	"net/http"
 	"os"
 	"runtime"
-	"runtime/debug"
 	"slices"
 	"strconv"
 	"strings"
@@ -108,25 +107,11 @@ func (o *ops) writeMetrics(w io.Writer) {
 	if o.audit != nil {
 		family("monolock_audit_write_errors_total", "counter", "Audit log lines that could not be written.", uvalue(o.audit.errors.Load()))
 	}
-	family("monolock_build_info", "gauge", "Always 1; the labels say which build serves, as /api/info does.",
-		"{version=\""+escapeLabel(version())+"\",revision=\""+escapeLabel(buildSetting("vcs.revision"))+
-			"\",goversion=\""+escapeLabel(runtime.Version())+"\"} 1")
+	family("monolock_build_info", "gauge", "Always 1; the labels say which build serves, as /api/info does.", readBuildInfo().metricLabels()+" 1")
 	family("go_goroutines", "gauge", "Goroutines that currently exist.", value(float64(runtime.NumGoroutine())))
 	family("go_heap_alloc_bytes", "gauge", "Bytes of allocated heap objects.", uvalue(ms.HeapAlloc))
 	family("go_gc_cycles_total", "counter", "Completed garbage collection cycles.", uvalue(uint64(ms.NumGC)))
 	io.WriteString(w, b.String())
-}
-
-// buildSetting returns a setting of the build information, or "".
-func buildSetting(key string) string {
-	if info, ok := debug.ReadBuildInfo(); ok {
-		for _, s := range info.Settings {
-			if s.Key == key {
-				return s.Value
-			}
-		}
-	}
-	return ""
 }
 
 // escapeLabel escapes a label value as the text format requires.
@@ -195,10 +180,11 @@ func (o *ops) adminHandler() http.Handler {
 		st := o.srv.Stats()
 		// Every lock that exists has a holder, except for a moment during a
 		// shutdown: locks counts the held ones, like monolock_locks_held.
+		build := readBuildInfo()
 		writeJSON(w, http.StatusOK, map[string]any{
-			"version":     version(),
-			"revision":    buildSetting("vcs.revision"),
-			"go_version":  runtime.Version(),
+			"version":     build.version,
+			"revision":    build.revision,
+			"go_version":  build.goVersion,
 			"uptime_ms":   time.Since(o.started).Milliseconds(),
 			"config":      o.config,
 			"locks":       st.LocksHeld,
@@ -274,13 +260,6 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	enc.Encode(v)
-}
-
-func version() string {
-	if info, ok := debug.ReadBuildInfo(); ok && info.Main.Version != "" {
-		return info.Main.Version
-	}
-	return "(devel)"
 }
 
 // isLoopback reports whether a listen address can only be reached from
