@@ -165,3 +165,31 @@ func TestSIGHUPSaysWhatItReloaded(t *testing.T) {
 	s3.cmd.Process.Signal(syscall.SIGHUP)
 	waitForLog(t, s3, "reloaded TLS certificate and key, client CA, rules")
 }
+
+// A reader of -audit-log - that goes away costs write errors, not the server.
+func TestAuditReaderThatGoesAwayCostsWriteErrors(t *testing.T) {
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := startWithStdout(t, w, nil, "-audit-log", "-", "-ops-listen", "127.0.0.1:0")
+	w.Close()
+	r.Close() // the reader is gone: writes meet EPIPE
+	c, _ := rawAcquire(t, s.addr, "nobody-reads", time.Minute)
+	c.Close()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		select {
+		case err := <-s.done:
+			t.Fatalf("the server died when the audit reader went away: %v; stderr:\n%s", err, s.log())
+		default:
+		}
+		values, _ := metrics(t, s)
+		if values["monolock_audit_write_errors_total"] == 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("audit write errors = %v, want 2", values["monolock_audit_write_errors_total"])
+		}
+	}
+	waitForLog(t, s, "AUDIT LOG WRITE FAILED")
+}

@@ -165,6 +165,10 @@ func serve(args []string, stdout, stderr io.Writer) int {
 		logger.Info("serving "+h.what+" HTTP", "listen", hl.Addr().String())
 	}
 
+	// A reader of the audit log (or of the diagnostics) that goes away must
+	// cost write errors, not the server: Go ends a program whose write to
+	// stdout or stderr meets a closed pipe, unless SIGPIPE is ignored.
+	signal.Ignore(syscall.SIGPIPE)
 	sigs := make(chan os.Signal, 2)
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
 	hups := make(chan os.Signal, 1)
