@@ -96,8 +96,8 @@ echo started >> "$0"; while :; do sleep 0.05; done`
 		}
 		busy(t, s.addr, "sig", "after "+sig.String())
 	}
-	for _, sig := range []syscall.Signal{syscall.SIGPIPE, syscall.SIGABRT, syscall.SIGTRAP, syscall.SIGILL, syscall.SIGBUS,
-		syscall.SIGFPE, syscall.SIGSEGV, syscall.SIGSYS, syscall.SIGSTKFLT, syscall.SIGALRM, syscall.SIGXCPU} {
+	for _, sig := range append([]os.Signal{syscall.SIGPIPE, syscall.SIGABRT, syscall.SIGTRAP, syscall.SIGILL, syscall.SIGBUS,
+		syscall.SIGFPE, syscall.SIGSEGV, syscall.SIGSYS, syscall.SIGALRM, syscall.SIGXCPU}, platformIgnoredSignals...) {
 		p.cmd.Process.Signal(sig)
 		time.Sleep(50 * time.Millisecond)
 		if !p.running() {
