@@ -5,7 +5,8 @@
 // Every flag has an environment variable; a flag beats its variable, which
 // beats the default. SIGTERM or SIGINT shuts down gracefully (ERROR 0x01 to
 // every session, exit 0); a second signal exits at once. SIGHUP re-reads the
-// TLS files and the rules; a reload that fails keeps the previous ones.
+// TLS files and the rules (a reload that fails keeps the previous ones) and
+// reopens the audit log.
 package main
 
 import (
@@ -96,8 +97,14 @@ func serve(args []string, stdout, stderr io.Writer) int {
 	if fs.NArg() > 0 {
 		return fail(2, "unexpected argument %q (see monolock -h)", fs.Arg(0))
 	}
-	if *ioTimeout <= 0 {
+	if *listen == "" {
+		return fail(2, "-listen is empty (or MONOLOCK_LISTEN_ADDRESS is): give a host:port such as 127.0.0.1:7070")
+	}
+	switch {
+	case *ioTimeout <= 0:
 		return fail(2, "-io-timeout must be positive, got %v", *ioTimeout)
+	case *ioTimeout < minIOTimeout:
+		return fail(2, "-io-timeout %v is too short to read a frame: it must be at least %v", *ioTimeout, minIOTimeout)
 	}
 	if err := sec.checkCombination(); err != nil {
 		return fail(2, "%v", err)
@@ -131,9 +138,10 @@ func serve(args []string, stdout, stderr io.Writer) int {
 		srv.Authorize = sec.authorize
 	}
 
+	// A listen address that cannot be used is a bad value: status 2.
 	l, err := net.Listen("tcp", *listen)
 	if err != nil {
-		return fail(1, "%v", err)
+		return fail(2, "-listen: %v", err)
 	}
 	if sec.certFile != "" {
 		l = tls.NewListener(l, sec.listenerConfig())
@@ -148,18 +156,26 @@ func serve(args []string, stdout, stderr io.Writer) int {
 		}
 		hl, err := net.Listen("tcp", h.addr)
 		if err != nil {
-			return fail(1, "-%s-listen: %v", h.what, err)
+			return fail(2, "-%s-listen: %v", h.what, err)
+		}
+		if h.what == "admin" {
+			h.handler = adminGuard(h.addr, hl.Addr(), h.handler)
 		}
 		if h.what == "admin" && !isLoopback(h.addr) {
 			logger.Warn("the admin API has no authentication and listens beyond this machine; bind it to loopback",
 				"admin_listen", h.addr)
 		}
-		hs := &http.Server{Handler: h.handler, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(handler, slog.LevelWarn)}
+		hs := &http.Server{Handler: h.handler, ReadHeaderTimeout: httpReadHeaderTimeout, ReadTimeout: httpReadTimeout,
+			WriteTimeout: httpWriteTimeout, IdleTimeout: httpIdleTimeout, ErrorLog: slog.NewLogLogger(handler, slog.LevelWarn)}
 		httpServers = append(httpServers, hs)
 		go hs.Serve(hl)
 		logger.Info("serving "+h.what+" HTTP", "listen", hl.Addr().String())
 	}
 
+	// A reader of the audit log (or of the diagnostics) that goes away must
+	// cost write errors, not the server: Go ends a program whose write to
+	// stdout or stderr meets a closed pipe, unless SIGPIPE is ignored.
+	signal.Ignore(syscall.SIGPIPE)
 	sigs := make(chan os.Signal, 2)
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
 	hups := make(chan os.Signal, 1)
@@ -175,26 +191,24 @@ func serve(args []string, stdout, stderr io.Writer) int {
 			logger.Error("listener failed", "err", err)
 			return 1
 		case <-hups:
-			if o.audit != nil {
-				if err := o.audit.reopen(); err != nil {
-					logger.Error("audit log reopen failed; still writing to the old file", "err", err)
-				}
-			}
-			// Open sessions keep their connections; new ones see the new files.
-			if err := sec.load(); err != nil {
-				logger.Error("reload failed; keeping the previous certificates and rules", "err", err)
-			} else {
-				logger.Info("reloaded certificates and rules")
-			}
+			reload(logger, &sec, o.audit)
 		case sig := <-sigs:
 			o.stopping.Store(true) // health turns 503 before any session is closed
 			logger.Info("shutting down", "signal", sig.String())
 			go func() {
 				sig := <-sigs
-				logger.Warn("second signal; exiting at once", "signal", sig.String())
+				attrs := []any{"signal", sig.String()}
+				if o.audit != nil {
+					attrs = append(attrs, "audit_lines_lost", o.audit.queued.Load())
+				}
+				logger.Warn("second signal; exiting at once", attrs...)
 				os.Exit(1)
 			}()
 			srv.Shutdown(context.Background())
+			status := 0
+			if o.audit != nil && o.audit.close(auditDrainBound) > 0 {
+				status = 1
+			}
 			// The HTTP servers stop after the protocol listener has finished.
 			for _, hs := range httpServers {
 				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -202,7 +216,7 @@ func serve(args []string, stdout, stderr io.Writer) int {
 				cancel()
 			}
 			logger.Info("shut down")
-			return 0
+			return status
 		}
 	}
 }
@@ -219,6 +233,54 @@ func replaceAttr(groups []string, a slog.Attr) slog.Attr {
 		a.Value = slog.StringValue(a.Value.Duration().String())
 	}
 	return a
+}
+
+// minIOTimeout is the least -io-timeout: a frame must be readable in it.
+const minIOTimeout = 10 * time.Millisecond
+
+// The bounds of the ops and admin HTTP servers: their connections cost
+// descriptors, like the protocol port's.
+const (
+	httpReadHeaderTimeout = 5 * time.Second
+	httpReadTimeout       = 10 * time.Second
+	httpWriteTimeout      = 10 * time.Second
+	httpIdleTimeout       = 10 * time.Second
+)
+
+// reload is SIGHUP: it re-reads the TLS files and the rules, starts
+// reopening the audit log, and says which of them it did. Nothing here
+// waits for the audit sink.
+func reload(logger *slog.Logger, sec *security, audit *auditLog) {
+	var files []string
+	if sec.certFile != "" {
+		files = append(files, "TLS certificate and key")
+	}
+	if sec.clientCAFile != "" {
+		files = append(files, "client CA")
+	}
+	if sec.aclFile != "" {
+		files = append(files, "rules")
+	}
+	if len(files) > 0 {
+		// Open sessions keep their connections; new ones see the new files.
+		if err := sec.load(); err != nil {
+			logger.Error("reload failed; keeping the previous "+strings.Join(files, ", "), "err", err)
+		} else {
+			logger.Info("reloaded " + strings.Join(files, ", "))
+		}
+	}
+	switch {
+	case audit == nil:
+		if len(files) == 0 {
+			logger.Info("SIGHUP: nothing to reload (no TLS files, no rules, no audit log file)")
+		}
+	case audit.path == "-":
+		logger.Info("SIGHUP: the audit log is stdout: nothing to reopen")
+	case audit.reopen():
+		logger.Info("reopening the audit log", "path", audit.path)
+	default:
+		logger.Warn("the previous audit log reopen has not reached the writer yet (is the sink stalled?); not starting another", "path", audit.path)
+	}
 }
 
 // parse applies the environment, then the command line, to fs. It returns

@@ -5,15 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
 	"net/http"
-	"os"
 	"runtime"
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -106,6 +103,8 @@ func (o *ops) writeMetrics(w io.Writer) {
 		"_sum"+value(st.HoldTotal.Seconds()), "_count"+uvalue(held))
 	if o.audit != nil {
 		family("monolock_audit_write_errors_total", "counter", "Audit log lines that could not be written.", uvalue(o.audit.errors.Load()))
+		family("monolock_audit_dropped_total", "counter", "Audit log lines dropped because the queue to a slow or stalled sink was full.", uvalue(o.audit.dropped.Load()))
+		family("monolock_audit_queued_lines", "gauge", "Audit log lines waiting to be written.", value(float64(o.audit.queued.Load())))
 	}
 	family("monolock_build_info", "gauge", "Always 1; the labels say which build serves, as /api/info does.", readBuildInfo().metricLabels()+" 1")
 	family("go_goroutines", "gauge", "Goroutines that currently exist.", value(float64(runtime.NumGoroutine())))
@@ -274,83 +273,4 @@ func isLoopback(addr string) bool {
 	}
 	ip := net.ParseIP(host)
 	return ip != nil && ip.IsLoopback()
-}
-
-// auditLog writes one JSON object a line for every event, to a file that
-// SIGHUP reopens (for logrotate), or to stdout.
-type auditLog struct {
-	path   string // "-" for stdout
-	logger *slog.Logger
-	errors atomic.Uint64
-
-	mu sync.Mutex
-	w  io.Writer
-	f  *os.File // nil for stdout
-}
-
-func openAudit(path string, logger *slog.Logger) (*auditLog, error) {
-	a := &auditLog{path: path, logger: logger, w: os.Stdout}
-	if path != "-" {
-		if err := a.reopen(); err != nil {
-			return nil, err
-		}
-	}
-	return a, nil
-}
-
-// reopen opens the path again; if it cannot, the old file stays in use.
-func (a *auditLog) reopen() error {
-	if a.path == "-" {
-		return nil
-	}
-	f, err := os.OpenFile(a.path, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o640)
-	if err != nil {
-		return fmt.Errorf("-audit-log: %w", err)
-	}
-	a.mu.Lock()
-	old := a.f
-	a.f, a.w = f, f
-	a.mu.Unlock()
-	if old != nil {
-		old.Close()
-	}
-	return nil
-}
-
-type auditLine struct {
-	Time       string  `json:"time"`
-	Event      string  `json:"event"`
-	Lock       string  `json:"lock"`
-	Identity   string  `json:"identity"`
-	RemoteAddr string  `json:"remote_addr"`
-	Token      *uint64 `json:"token,omitempty"`
-	WaitMS     *int64  `json:"wait_ms,omitempty"`
-	HeldMS     *int64  `json:"held_ms,omitempty"`
-	Reason     string  `json:"reason,omitempty"`
-}
-
-// event writes ev as one line, in one write. A line that cannot be
-// written is logged at error level and counted: the operator must see
-// that the audit trail has a hole.
-func (a *auditLog) event(ev monolock.Event) {
-	line := auditLine{Time: ev.Time.UTC().Format(time.RFC3339Nano), Event: ev.Type, Lock: ev.Lock,
-		Identity: ev.Identity, RemoteAddr: ev.RemoteAddr}
-	ms := func(d time.Duration) *int64 { v := d.Milliseconds(); return &v }
-	switch ev.Type {
-	case monolock.EventGranted:
-		line.Token, line.WaitMS = &ev.Token, ms(ev.Wait)
-	case monolock.EventReleased:
-		line.Token, line.HeldMS, line.Reason = &ev.Token, ms(ev.Held), ev.Reason
-	case monolock.EventForceRelease:
-		line.Token = &ev.Token
-	}
-	b, _ := json.Marshal(line)
-	a.mu.Lock()
-	_, err := a.w.Write(append(b, '\n'))
-	a.mu.Unlock()
-	if err != nil {
-		a.errors.Add(1)
-		a.logger.Error("AUDIT LOG WRITE FAILED: this event is missing from the audit log",
-			"path", a.path, "err", err, "event", string(b))
-	}
 }

@@ -370,7 +370,7 @@ func TestAuditLog(t *testing.T) {
 	rotated := filepath.Join(dir, "audit.log.1")
 	os.Rename(path, rotated)
 	s.cmd.Process.Signal(syscall.SIGHUP)
-	waitForLog(t, s, "reloaded")
+	waitForLog(t, s, "audit log reopened")
 	for _, c := range clients {
 		c.Close()
 	}

@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"slices"
 	"strconv"
 	"syscall"
 	"time"
@@ -36,15 +37,19 @@ const runUsage = `Usage: monolock run [flags] NAME -- COMMAND [ARGS...]
 Waits for the lock NAME, runs COMMAND while holding it, and releases it when
 COMMAND exits. COMMAND runs directly (no shell) in its own process group,
 with MONOLOCK_LOCK, MONOLOCK_TOKEN and MONOLOCK_ADDRESS in its environment.
-SIGINT and SIGTERM are forwarded to it; the lock is held until it exits. If
-the lock is lost while it runs, its process group gets SIGTERM, then SIGKILL
-after -grace.
+The lock is held until every process of that group has exited (a process
+that leaves the group, with setsid for instance, is outside the lock).
+SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGUSR1 and SIGUSR2 are forwarded to the
+group; SIGPIPE, SIGABRT and the other signals that would end monolock run
+are ignored. If monolock run is killed, COMMAND's first process gets SIGKILL
+(Linux). If the lock is lost while COMMAND runs, the group gets SIGTERM,
+then SIGKILL after -grace.
 
 Exit status:
   COMMAND's own   it ran and the lock was held throughout (128+N if signal N killed it)
   2               bad flags or arguments
   65              the server refused the request (a client error code), or the
-                  name or lease is invalid; never retried
+                  name or -lease is invalid; never retried
   69              could not connect, or the connection ended before the grant
   70              the lock was lost while COMMAND ran
   73              -wait ran out before the grant
@@ -99,15 +104,18 @@ func runMain(args []string, stdout, stderr io.Writer) int {
 		return usageErr("-tls-cert and -tls-key go together")
 	}
 	if err := monolock.ValidateLease(*lease); err != nil {
-		return usageErr("-lease: %v", err)
+		// The protocol's invalid-lease error (0x17), found before the dial:
+		// the same status as an invalid name, as the exit-status table says.
+		fmt.Fprintf(stderr, "monolock run: -lease: %v\n", err)
+		return exitRefused
 	}
 	dialer, err := runDialer(*tlsCA, *tlsCert, *tlsKey, *tlsName)
 	if err != nil {
 		return usageErr("%v", err)
 	}
 
-	sigs := make(chan os.Signal, 4)
-	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
+	sigs := make(chan os.Signal, 16)
+	signal.Notify(sigs, append(append([]os.Signal{}, forwardedSignals...), ignoredSignals...)...)
 	defer signal.Stop(sigs)
 
 	// Waiting: until granted, -wait, or a signal.
@@ -122,10 +130,17 @@ func runMain(args []string, stdout, stderr io.Writer) int {
 	waited := make(chan struct{})
 	go func() {
 		defer close(waited)
-		select {
-		case sig = <-sigs:
-			cancel(errSignal)
-		case <-ctx.Done():
+		for {
+			select {
+			case s := <-sigs:
+				if endsWait(s) {
+					sig = s
+					cancel(errSignal)
+					return
+				}
+			case <-ctx.Done():
+				return
+			}
 		}
 	}()
 	client := monolock.New(monolock.Config{Address: *addr, Dialer: dialer})
@@ -141,7 +156,7 @@ func runMain(args []string, stdout, stderr io.Writer) int {
 		err = errSignal
 	}
 	if err != nil {
-		fmt.Fprintf(stderr, "monolock run: %q not acquired: %v\n", name, err)
+		fmt.Fprintf(stderr, "monolock run: %q not acquired: %s\n", name, printable(err.Error()))
 		var se *monolock.ServerError
 		switch {
 		case errors.Is(err, errSignal):
@@ -164,16 +179,53 @@ var (
 	errSignal      = errors.New("signal")
 )
 
-// runLocked runs command while l is held and returns monolock run's status.
+// The signals of monolock run. Those that end a program by default either
+// go on to COMMAND's group or are ignored, so that run never ends while
+// the group it holds the lock for lives on. Before COMMAND starts, those
+// of endsWait end the wait instead. Signals 32 and 34 cannot be caught by
+// a Go program on Linux; they end run like SIGKILL does.
+var (
+	forwardedSignals = []os.Signal{syscall.SIGHUP, syscall.SIGINT, syscall.SIGQUIT, syscall.SIGTERM, syscall.SIGUSR1, syscall.SIGUSR2}
+	// SIGPIPE: a closed stderr must not end run. The others end a Go
+	// program with a stack dump; sent with kill(2), they are ignored.
+	ignoredSignals = append([]os.Signal{syscall.SIGPIPE, syscall.SIGABRT, syscall.SIGTRAP, syscall.SIGILL,
+		syscall.SIGBUS, syscall.SIGFPE, syscall.SIGSEGV, syscall.SIGSYS}, platformIgnoredSignals...)
+)
+
+func endsWait(s os.Signal) bool {
+	switch s {
+	case syscall.SIGHUP, syscall.SIGINT, syscall.SIGQUIT, syscall.SIGTERM:
+		return true
+	}
+	return false
+}
+
+// groupPoll is how often run checks, once COMMAND's first process has
+// exited, whether any process of its group is left.
+const groupPoll = 20 * time.Millisecond
+
+// runLocked runs command while l is held and returns monolock run's status
+// once every process of command's process group has exited.
 func runLocked(l *monolock.Lock, addr string, command []string, sigs <-chan os.Signal, grace time.Duration, stderr io.Writer) int {
+	// Orphans of the group become run's children (Linux), so that run reaps
+	// them even where nothing else does, and their zombies never hold the
+	// group, and the lock, forever.
+	becomeSubreaper()
+	children := make(chan os.Signal, 1)
+	signal.Notify(children, syscall.SIGCHLD)
+	defer signal.Stop(children)
+
 	cmd := exec.Command(command[0], command[1:]...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
 	cmd.Env = append(os.Environ(),
 		"MONOLOCK_LOCK="+l.Name(),
 		"MONOLOCK_TOKEN="+strconv.FormatUint(l.Token(), 10),
 		"MONOLOCK_ADDRESS="+addr)
-	// Its own process group, so that a lost lock stops its children too.
+	// Its own process group, so that signals and a lost lock reach its
+	// children too; and, where the platform has one, a parent-death signal,
+	// so that it does not outlive a run that was killed.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	setParentDeathSignal(cmd.SysProcAttr)
 	if err := cmd.Start(); err != nil {
 		fmt.Fprintf(stderr, "monolock run: %v\n", err)
 		if errors.Is(err, exec.ErrNotFound) || errors.Is(err, os.ErrNotExist) {
@@ -181,46 +233,75 @@ func runLocked(l *monolock.Lock, addr string, command []string, sigs <-chan os.S
 		}
 		return exitCannotRun
 	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	group := -cmd.Process.Pid
+	// run reaps its children itself (cmd.Wait would only reap the first):
+	// the group ID stays reserved until the group is empty, and the first
+	// process's status is kept for the exit status.
+	pid := cmd.Process.Pid
+	group := -pid
+	status, exited := 0, false
+	reap := func() {
+		for {
+			var ws syscall.WaitStatus
+			wpid, err := syscall.Wait4(-1, &ws, syscall.WNOHANG, nil)
+			if err == syscall.EINTR {
+				continue
+			}
+			if err != nil || wpid <= 0 {
+				return
+			}
+			if wpid == pid {
+				status, exited = waitStatus(ws), true
+			}
+		}
+	}
 
 	lost := l.Done()
-	var kill <-chan time.Time
+	var kill, poll <-chan time.Time
 	for {
 		select {
-		case err := <-exited:
-			if l.Err() != nil { // lost: COMMAND's status says nothing of the lock
-				return exitLost
-			}
-			return exitStatus(err)
+		case <-children:
+			reap()
+		case <-poll:
+			reap()
 		case s := <-sigs:
-			syscall.Kill(group, s.(syscall.Signal))
+			if slices.Contains(forwardedSignals, s) {
+				syscall.Kill(group, s.(syscall.Signal))
+			}
 		case <-lost:
 			lost = nil
-			fmt.Fprintf(stderr, "monolock run: lock %q lost while %s ran: %v; sending SIGTERM, SIGKILL in %v\n",
-				l.Name(), command[0], l.Err(), grace)
+			fmt.Fprintf(stderr, "monolock run: lock %q lost while %s ran: %s; sending SIGTERM to its process group, SIGKILL in %v\n",
+				l.Name(), command[0], printable(l.Err().Error()), grace)
 			syscall.Kill(group, syscall.SIGTERM)
 			kill = time.After(grace)
 		case <-kill:
 			syscall.Kill(group, syscall.SIGKILL)
 		}
+		if !exited {
+			continue
+		}
+		// Only ESRCH means nobody is left: EPERM is a process that is
+		// still there but no longer ours to signal (setuid).
+		if err := syscall.Kill(group, 0); err == syscall.ESRCH {
+			break
+		}
+		if poll == nil {
+			t := time.NewTicker(groupPoll)
+			defer t.Stop()
+			poll = t.C
+		}
 	}
+	if l.Err() != nil { // lost: COMMAND's status says nothing of the lock
+		return exitLost
+	}
+	return status
 }
 
-// exitStatus is the status a shell would report for the command.
-func exitStatus(err error) int {
-	var ee *exec.ExitError
-	if !errors.As(err, &ee) {
-		if err != nil {
-			return exitCannotRun
-		}
-		return 0
-	}
-	if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+// waitStatus is the status a shell would report for the command.
+func waitStatus(ws syscall.WaitStatus) int {
+	if ws.Signaled() {
 		return 128 + int(ws.Signal())
 	}
-	return ee.ExitCode()
+	return ws.ExitStatus()
 }
 
 // runDialer returns a plain dialer, or a TLS one when any TLS file is given.

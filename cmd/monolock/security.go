@@ -9,6 +9,8 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
+	"strings"
 	"sync/atomic"
 	"unicode/utf8"
 )
@@ -118,24 +120,52 @@ func (a *acl) allows(identity, lock string) bool {
 	return false
 }
 
+// parseACL reads a rules file. Its keys are matched exactly, as they are
+// documented: encoding/json alone would take "RULES" or "Locks" for them,
+// and keep the last of two "locks" without a word.
 func parseACL(r io.Reader) (*acl, error) {
 	data, err := io.ReadAll(r)
 	if err != nil {
 		return nil, err
 	}
 	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.DisallowUnknownFields()
-	var a acl
-	if err := dec.Decode(&a); err != nil {
+	var top json.RawMessage
+	if err := dec.Decode(&top); err != nil {
 		return nil, fmt.Errorf("not a valid rules file: %w", err)
 	}
 	if dec.More() {
 		return nil, errors.New("not a valid rules file: more than one JSON value")
 	}
-	if a.Rules == nil {
+	fields, err := exactObject(top, "rules")
+	if err != nil {
+		return nil, fmt.Errorf("not a valid rules file: %w", err)
+	}
+	var list []json.RawMessage
+	if raw, ok := fields["rules"]; !ok {
+		return nil, errors.New(`no "rules" list`)
+	} else if err := json.Unmarshal(raw, &list); err != nil {
+		return nil, fmt.Errorf(`not a valid rules file: "rules" is not a list: %w`, err)
+	}
+	if list == nil {
 		return nil, errors.New(`no "rules" list`)
 	}
-	for i, r := range a.Rules {
+	a := &acl{Rules: []rule{}}
+	for i, raw := range list {
+		f, err := exactObject(raw, "identity", "locks")
+		if err != nil {
+			return nil, fmt.Errorf("rule %d: %w", i+1, err)
+		}
+		var r rule
+		if v, ok := f["identity"]; ok {
+			if err := json.Unmarshal(v, &r.Identity); err != nil {
+				return nil, fmt.Errorf(`rule %d: "identity" is not a string: %w`, i+1, err)
+			}
+		}
+		if v, ok := f["locks"]; ok {
+			if err := json.Unmarshal(v, &r.Locks); err != nil {
+				return nil, fmt.Errorf(`rule %d (identity %q): "locks" is not a list of strings: %w`, i+1, r.Identity, err)
+			}
+		}
 		switch {
 		case r.Identity == "":
 			return nil, fmt.Errorf("rule %d: empty identity", i+1)
@@ -147,8 +177,38 @@ func parseACL(r io.Reader) (*acl, error) {
 				return nil, fmt.Errorf("rule %d (identity %q): lock pattern %d is empty", i+1, r.Identity, j+1)
 			}
 		}
+		a.Rules = append(a.Rules, r)
 	}
-	return &a, nil
+	return a, nil
+}
+
+// exactObject splits a JSON object into its fields, refusing a key that is
+// not exactly one of keys, and a key that comes twice.
+func exactObject(raw json.RawMessage, keys ...string) (map[string]json.RawMessage, error) {
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
+		return nil, errors.New("not a JSON object")
+	}
+	fields := map[string]json.RawMessage{}
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return nil, err
+		}
+		key := tok.(string) // inside an object, the decoder yields keys as strings
+		switch {
+		case !slices.Contains(keys, key):
+			return nil, fmt.Errorf("unknown field %q (the fields are %s, in lower case)", key, strings.Join(keys, ", "))
+		case fields[key] != nil:
+			return nil, fmt.Errorf("field %q appears twice", key)
+		}
+		var v json.RawMessage
+		if err := dec.Decode(&v); err != nil {
+			return nil, err
+		}
+		fields[key] = v
+	}
+	return fields, nil
 }
 
 // glob reports whether the whole of s matches pattern, where * is any

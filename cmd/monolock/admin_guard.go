@@ -1,0 +1,47 @@
+package main
+
+import (
+	"fmt"
+	"net"
+	"net/http"
+	"strings"
+)
+
+// adminGuard refuses what a web page in a browser on the admin host could
+// make the browser send: a request whose Host is not this API's address
+// (DNS rebinding: evil.example made to resolve to 127.0.0.1 reads the
+// locks), and a cross-origin state change (a form or fetch from any page
+// releasing a lock). Clients that are not browsers (curl, monolock locks)
+// send no Origin and pass.
+func adminGuard(listen string, bound net.Addr, h http.Handler) http.Handler {
+	_, port, _ := net.SplitHostPort(bound.String())
+	configured, _, _ := net.SplitHostPort(listen)
+	cop := http.NewCrossOriginProtection()
+	cop.SetDenyHandler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusForbidden, map[string]string{
+			"error": "cross-origin request refused: the admin API takes state changes only from its own origin or from clients that are not browsers"})
+	}))
+	inner := cop.Handler(h)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !adminHostAllowed(r.Host, configured, port) {
+			writeJSON(w, http.StatusForbidden, map[string]string{
+				"error": fmt.Sprintf("Host %q is not this admin API's address: use an IP address, localhost, or the host of -admin-listen, with port %s", r.Host, port)})
+			return
+		}
+		inner.ServeHTTP(w, r)
+	})
+}
+
+// adminHostAllowed reports whether a request's Host names the admin API:
+// its port, and an IP address (which no DNS answer can rebind), localhost,
+// or the host the operator gave -admin-listen.
+func adminHostAllowed(hostport, configured, port string) bool {
+	host, p, err := net.SplitHostPort(hostport)
+	if err != nil { // no port: the scheme's default
+		host, p = hostport, "80"
+	}
+	if host == "" || p != port {
+		return false
+	}
+	return net.ParseIP(host) != nil || strings.EqualFold(host, "localhost") || (configured != "" && strings.EqualFold(host, configured))
+}
