@@ -625,8 +625,11 @@ func TestTLSHandshakeIsBounded(t *testing.T) {
 		t.Fatal(err)
 	}
 	addr := serveOn(t, srv, tls.NewListener(l, &tls.Config{}))
-	c := dialRaw(t, addr)
+	// The server's clock starts once it has accepted the connection, which
+	// is after the dial began: starting ours before the dial keeps it from
+	// starting later than the server's.
 	start := time.Now()
+	c := dialRaw(t, addr)
 	c.expectClosed(wait)
 	if d := time.Since(start); d < ioTimeout {
 		t.Fatalf("cut after %v, before the io-timeout", d)
