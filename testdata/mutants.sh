@@ -38,7 +38,7 @@ mutant missing-push server.go 'TestGrantWaitAndPushPromotion' . \
   '_ = token'
 mutant reused-token server.go 'TestGrantWaitAndPushPromotion' . \
   'next.push(token)' \
-  'next.push(s.token.Load())'
+  'next.push(s.token.Load()); _ = token'
 mutant push-under-the-mutex server.go 'TestBlockedPromotionPushDelaysNobody' . \
   'next.push(token)' \
   'srv.mu.Lock(); next.push(token); srv.mu.Unlock()'
@@ -76,7 +76,7 @@ mutant empty-name-accepted protocol.go 'TestErrorCodes|TestValidate' . \
   'case n < 0:'
 mutant invalid-utf8-accepted protocol.go 'TestErrorCodes|TestValidate' . \
   'case !utf8.ValidString(name):' \
-  'case false:'
+  'case false && !utf8.ValidString(name):'
 mutant lease-zero-accepted protocol.go 'TestErrorCodes' . \
   'if f.LeaseMS == 0 {' \
   'if f.LeaseMS == 0 && false {'
@@ -132,13 +132,13 @@ for i in "${!names[@]}"; do
     failed=$((failed + 1)); continue
   fi
   printf '%s' "${content/"$old"/"$new"}" >"$scratch/$file"
-  out=$(cd "$scratch" && go test -count=1 -timeout "$timeout" -run "${regexes[$i]}" "${pkgs[$i]}" 2>&1)
-  status=$?
+  out=$(cd "$scratch" && go test -count=1 -timeout "$timeout" -run "${regexes[$i]}" "${pkgs[$i]}" 2>&1 | tr -d '\0')
+  status=$? # pipefail: go test's status
   cp "$root/$file" "$scratch/$file"
 
   first=$(grep -m1 -oE -- '--- FAIL: [^ ]+' <<<"$out" | sed 's/--- FAIL: //')
   if grep -q 'panic: test timed out after' <<<"$out"; then
-    running=$(grep -A1 -m1 '^running tests:' <<<"$out" | tail -1 | awk '{print $1}')
+    running=$(grep -A1 -m1 'running tests:' <<<"$out" | tail -1 | awk '{print $1}')
     if [ -n "$first" ]; then
       printf '%-36s caught by %s (then timed out in %s)\n' "$name" "$first" "$running"
       caught=$((caught + 1))
