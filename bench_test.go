@@ -32,10 +32,11 @@ func benchHandover(b *testing.B, addr string) {
 		waiter.send(acquire("handover", 60e9))
 		waiter.expectWaiting()
 		time.Sleep(100 * time.Microsecond) // the server settles: only the handover is timed
+		waiter.SetReadDeadline(time.Now().Add(wait))
 		b.StartTimer()
 		holder.Close()
 		if f, err := ReadFrame(waiter); err != nil || f.Type != TypeAcquired {
-			b.Fatalf("waiter read %+v, %v", f, err)
+			b.Fatalf("waiter read %+v, %v; want the pushed ACQUIRED within %v", f, err, wait)
 		}
 		holder = waiter
 	}
@@ -62,21 +63,22 @@ func benchAcquireRelease(b *testing.B, addr string, clients int) {
 			prefix := "bench-" + strconv.Itoa(c) + "-"
 			var buf []byte
 			for i := range n {
-				conn, err := net.Dial("tcp", addr)
+				conn, err := net.DialTimeout("tcp", addr, wait)
 				if err != nil {
 					b.Error(err)
 					return
 				}
+				conn.SetDeadline(time.Now().Add(wait))
 				buf, _ = acquire(prefix+strconv.Itoa(i), 60e9).AppendBinary(buf[:0])
 				conn.Write(buf)
 				if f, err := ReadFrame(conn); err != nil || f.Type != TypeAcquired {
-					b.Errorf("read %+v, %v", f, err)
+					b.Errorf("read %+v, %v; want ACQUIRED within %v", f, err, wait)
 				}
 				conn.Close()
 			}
 		})
 	}
-	wg.Wait()
+	awaitFunc(b, "the end of every client's cycles", wg.Wait)
 }
 
 // startFloor serves the floor: every ACQUIRE is granted at once, or, with
@@ -99,6 +101,7 @@ func startFloor(tb testing.TB, oneLock bool) string {
 			}
 			go func() {
 				defer conn.Close()
+				conn.SetReadDeadline(time.Now().Add(time.Minute)) // a floor client lives a benchmark at most
 				r := bufio.NewReaderSize(conn, 64)
 				if _, err := ReadFrame(r); err != nil {
 					return

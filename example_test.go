@@ -13,10 +13,12 @@ func ExampleClient_Do() {
 	l, _ := net.Listen("tcp", "127.0.0.1:0")
 	srv := &monolock.Server{}
 	go srv.Serve(l)
-	defer srv.Shutdown(context.Background())
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	defer srv.Shutdown(ctx)
 
 	client := monolock.New(monolock.Config{Address: l.Addr().String()})
-	err := client.Do(context.Background(), "nightly-import", 10*time.Second,
+	err := client.Do(ctx, "nightly-import", 10*time.Second,
 		func(ctx context.Context, token uint64) error {
 			// Pass token to every write to the guarded resource, and stop
 			// as soon as ctx is done: the lock is no longer confirmed.

@@ -47,11 +47,47 @@ func serveOn(t testing.TB, srv *Server, l net.Listener) string {
 		if err := srv.Shutdown(ctx); err != nil {
 			t.Errorf("shutdown: %v", err)
 		}
-		if err := <-served; !errors.Is(err, ErrServerClosed) {
-			t.Errorf("Serve returned %v, want ErrServerClosed", err)
+		select {
+		case err := <-served:
+			if !errors.Is(err, ErrServerClosed) {
+				t.Errorf("Serve returned %v, want ErrServerClosed", err)
+			}
+		case <-time.After(wait):
+			t.Errorf("Serve did not return within %v of Shutdown", wait)
 		}
 	})
 	return l.Addr().String()
+}
+
+// await returns what ch delivers, failing the test if nothing comes within
+// wait: what says what did not happen.
+func await[T any](t testing.TB, ch <-chan T, what string) T {
+	t.Helper()
+	select {
+	case v := <-ch:
+		return v
+	case <-time.After(wait):
+		t.Fatalf("%s did not happen within %v", what, wait)
+		panic("unreachable")
+	}
+}
+
+// awaitFunc runs f on a goroutine of its own and waits for it as await does.
+func awaitFunc(t testing.TB, what string, f func()) {
+	t.Helper()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		f()
+	}()
+	await(t, done, what)
+}
+
+// bounded is a context that ends after wait, for calls that take one.
+func bounded(t testing.TB) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	t.Cleanup(cancel)
+	return ctx
 }
 
 // raw is a protocol client that sends and checks bytes one by one.

@@ -329,14 +329,14 @@ func TestShutdownSendsShuttingDownToEverySession(t *testing.T) {
 		return len(srv.sessions) == 4
 	})
 
-	if err := srv.Shutdown(context.Background()); err != nil {
-		t.Fatal(err)
+	if err := srv.Shutdown(bounded(t)); err != nil {
+		t.Fatalf("Shutdown did not finish within %v: %v", wait, err)
 	}
 	// No waiter is promoted during shutdown: everyone reads 0x01 first.
 	for _, c := range []*raw{holder, waiter, waiter2, fresh} {
 		c.expectError(CodeShuttingDown)
 	}
-	if err := <-served; !errors.Is(err, ErrServerClosed) {
+	if err := await(t, served, "Serve's return after Shutdown"); !errors.Is(err, ErrServerClosed) {
 		t.Fatalf("Serve returned %v", err)
 	}
 	if _, err := net.DialTimeout("tcp", addr, wait); err == nil {
@@ -368,7 +368,9 @@ func TestTokensIncreaseAcrossRestart(t *testing.T) {
 			last = token
 			c.Close()
 		}
-		srv.Shutdown(context.Background())
+		if err := srv.Shutdown(bounded(t)); err != nil {
+			t.Fatalf("Shutdown did not finish within %v: %v", wait, err)
+		}
 	}
 }
 
@@ -625,8 +627,11 @@ func TestTLSHandshakeIsBounded(t *testing.T) {
 		t.Fatal(err)
 	}
 	addr := serveOn(t, srv, tls.NewListener(l, &tls.Config{}))
-	c := dialRaw(t, addr)
+	// The server's clock starts once it has accepted the connection, which
+	// is after the dial began: starting ours before the dial keeps it from
+	// starting later than the server's.
 	start := time.Now()
+	c := dialRaw(t, addr)
 	c.expectClosed(wait)
 	if d := time.Since(start); d < ioTimeout {
 		t.Fatalf("cut after %v, before the io-timeout", d)

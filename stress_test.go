@@ -107,7 +107,7 @@ func TestStress(t *testing.T) {
 		defer srv.mu.Unlock()
 		return len(srv.sessions) == 0
 	})
-	srv.eventWG.Wait()
+	awaitFunc(t, "the delivery of the last events", srv.eventWG.Wait)
 	evMu.Lock()
 	defer evMu.Unlock()
 	holder := map[string]uint64{}
@@ -249,6 +249,7 @@ func (c *stressClient) session() {
 	}
 	// awaitDrop reads until the server ends the connection.
 	awaitDrop := func(how string, earliest time.Time) {
+		conn.SetReadDeadline(earliest.Add(wait))
 		for r := range frames {
 			if r.err == nil {
 				if r.f.Type == TypeAcquired && token == 0 && waited && !pushed {
@@ -257,6 +258,10 @@ func (c *stressClient) session() {
 					c.grants = append(c.grants, g)
 				}
 				continue
+			}
+			if isTimeoutErr(r.err) {
+				c.failf("%s: %s session not dropped within %v of the end of its lease", name, how, wait)
+				return
 			}
 			if r.at.Before(earliest) {
 				c.failf("%s: %s session dropped %v early", name, how, earliest.Sub(r.at))

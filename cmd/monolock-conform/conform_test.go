@@ -23,13 +23,28 @@ func listen(t *testing.T) net.Listener {
 	return l
 }
 
+// within runs a whole conformance run, failing the test if it has not
+// ended within d: the tool bounds each step, this bounds the sum.
+func within(t *testing.T, d time.Duration, run func() int) int {
+	t.Helper()
+	code := make(chan int, 1)
+	go func() { code <- run() }()
+	select {
+	case c := <-code:
+		return c
+	case <-time.After(d):
+		t.Fatalf("the conformance run did not end within %v", d)
+		return -1
+	}
+}
+
 func TestServerModePassesMonolock(t *testing.T) {
 	srv := &monolock.Server{IOTimeout: time.Second}
 	l := listen(t)
 	go srv.Serve(l)
 	defer srv.Close()
 	var out bytes.Buffer
-	code := serverMain([]string{"-io-timeout", "1s", l.Addr().String()}, &out)
+	code := within(t, 2*time.Minute, func() int { return serverMain([]string{"-io-timeout", "1s", l.Addr().String()}, &out) })
 	if code != 0 || !strings.Contains(out.String(), " passed, 0 failed") {
 		t.Fatalf("exit %d:\n%s", code, out.String())
 	}
@@ -42,7 +57,7 @@ func TestServerModeFailsALIFOServer(t *testing.T) {
 	l := listen(t)
 	go serveLIFO(l)
 	var out bytes.Buffer
-	code := serverMain([]string{"-io-timeout", "1s", l.Addr().String()}, &out)
+	code := within(t, 2*time.Minute, func() int { return serverMain([]string{"-io-timeout", "1s", l.Addr().String()}, &out) })
 	if code != 1 || !strings.Contains(out.String(), "FAIL  waiters are promoted in FIFO order") {
 		t.Fatalf("exit %d, want 1 with the FIFO check failed:\n%s", code, out.String())
 	}
@@ -149,7 +164,7 @@ func TestClientModePassesTheGoClient(t *testing.T) {
 	defer cancel()
 	go runGoClient(ctx, l.Addr().String(), time.Second)
 	var out bytes.Buffer
-	if code := playClient(l, &out); code != 0 {
+	if code := within(t, 2*time.Minute, func() int { return playClient(l, &out) }); code != 0 {
 		t.Fatalf("exit %d:\n%s", code, out.String())
 	}
 	if strings.Count(out.String(), "ok ") != len(scenarios) {
@@ -163,7 +178,7 @@ func TestClientModeFailsAClientThatCountsThePushAsAReply(t *testing.T) {
 	defer close(stop)
 	go brokenClient(l.Addr().String(), 2*time.Second, stop)
 	var out bytes.Buffer
-	code := playClient(l, &out)
+	code := within(t, 2*time.Minute, func() int { return playClient(l, &out) })
 	if code != 1 || !strings.Contains(out.String(), "FAIL  a promotion push while a heartbeat is in flight confirms nothing") {
 		t.Fatalf("exit %d, want 1 with the push scenario failed:\n%s", code, out.String())
 	}
@@ -178,7 +193,7 @@ func brokenClient(addr string, lease time.Duration, stop chan struct{}) {
 			return
 		default:
 		}
-		conn, err := net.Dial("tcp", addr)
+		conn, err := net.DialTimeout("tcp", addr, 10*time.Second)
 		if err != nil {
 			time.Sleep(100 * time.Millisecond)
 			continue

@@ -40,6 +40,7 @@ func TestDescriptorExhaustion(t *testing.T) {
 	lines := bufio.NewScanner(pipe)
 	var addr, ops string
 	re := regexp.MustCompile(`msg="?(serving|serving ops HTTP)"? listen=(\S+)`)
+	silent := killAfter(cmd)
 	for addr == "" && lines.Scan() {
 		if m := re.FindStringSubmatch(lines.Text()); m != nil {
 			if m[1] == "serving" {
@@ -49,8 +50,9 @@ func TestDescriptorExhaustion(t *testing.T) {
 			}
 		}
 	}
+	silent.Stop()
 	if addr == "" {
-		t.Fatal("the server did not start")
+		t.Fatalf("the server did not say where it listens within %v", wait)
 	}
 	logged := make(chan string, 1000)
 	go func() {
@@ -121,5 +123,5 @@ func TestDescriptorExhaustion(t *testing.T) {
 		t.Fatalf("accept errors not counted: %d\n%s", code, body)
 	}
 	cmd.Process.Signal(syscall.SIGTERM)
-	cmd.Wait()
+	awaitFunc(t, "the server's exit after SIGTERM", func() { cmd.Wait() })
 }

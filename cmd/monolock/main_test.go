@@ -97,6 +97,8 @@ func startWithStdout(t *testing.T, stdout *os.File, env []string, args ...string
 	lines := bufio.NewScanner(pipe)
 	// The text and the JSON forms of the "serving" lines.
 	addrRE := regexp.MustCompile(`msg"?[=:]"?(serving|"serving (ops|admin) HTTP")"?,? ?"?listen"?[=:]"?([0-9.:]+)`)
+	silent := killAfter(cmd)
+	defer silent.Stop()
 	for lines.Scan() {
 		s.stderr.WriteString(lines.Text() + "\n")
 		m := addrRE.FindStringSubmatch(lines.Text())
@@ -115,7 +117,7 @@ func startWithStdout(t *testing.T, stdout *os.File, env []string, args ...string
 	}
 	if s.addr == "" {
 		cmd.Process.Kill()
-		t.Fatal("the server never said where it listens")
+		t.Fatalf("the server never said where it listens (killed after %v):\n%s", wait, s.stderr.String())
 	}
 	go func() {
 		for lines.Scan() {
@@ -175,10 +177,12 @@ func TestServeHandoverAndGracefulShutdown(t *testing.T) {
 		t.Fatalf("waiter got %+v", f)
 	}
 	holder.Close()
+	waiter.SetReadDeadline(time.Now().Add(wait))
 	if f, err := monolock.ReadFrame(waiter); err != nil || f.Type != monolock.TypeAcquired {
-		t.Fatalf("waiter got %+v, %v after the holder closed", f, err)
+		t.Fatalf("waiter got %+v, %v after the holder closed; want the pushed ACQUIRED", f, err)
 	}
 	s.cmd.Process.Signal(syscall.SIGTERM)
+	waiter.SetReadDeadline(time.Now().Add(wait))
 	f, err := monolock.ReadFrame(waiter)
 	if err != nil || f.Type != monolock.TypeError || f.Code != monolock.CodeShuttingDown {
 		t.Fatalf("holder got %+v, %v at shutdown", f, err)
@@ -257,7 +261,7 @@ func TestFlagsAndEnvironment(t *testing.T) {
 
 	// A flag beats its variable, which beats the default.
 	s := start(t, []string{"MONOLOCK_LOG_FORMAT=json", "MONOLOCK_IO_TIMEOUT=250ms"})
-	c, err := net.Dial("tcp", s.addr)
+	c, err := net.DialTimeout("tcp", s.addr, wait)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -24,7 +24,7 @@ import (
 
 func httpGet(t *testing.T, u string) (int, string) {
 	t.Helper()
-	resp, err := http.Get(u)
+	resp, err := httpClient.Get(u)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -36,7 +36,7 @@ func httpGet(t *testing.T, u string) (int, string) {
 func httpDo(t *testing.T, method, u string) (int, string) {
 	t.Helper()
 	req, _ := http.NewRequest(method, u, nil)
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := httpClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -180,7 +180,7 @@ func TestMetricsAfterAScriptedScenario(t *testing.T) {
 		a.Write([]byte{monolock.TypeHeartbeat})
 		a.expect(monolock.TypeAcquired, 0)
 	}
-	d, err := net.Dial("tcp", s.addr)
+	d, err := net.DialTimeout("tcp", s.addr, wait)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -253,7 +253,7 @@ func TestHealthTurns503WhenShutdownBegins(t *testing.T) {
 	stall(s) // the shutdown cannot finish
 	s.cmd.Process.Signal(syscall.SIGTERM)
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		resp, err := http.Get("http://" + s.ops + "/healthz")
+		resp, err := httpClient.Get("http://" + s.ops + "/healthz")
 		if err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == 503 {
@@ -427,10 +427,15 @@ func TestAuditLogToStdoutAndWriteFailures(t *testing.T) {
 		defer cmd.Process.Kill()
 		lines := bufio.NewScanner(pipe)
 		var addr string
+		silent := killAfter(cmd)
 		for addr == "" && lines.Scan() {
 			if m := regexp.MustCompile(`"msg":"serving","listen":"([^"]+)"`).FindStringSubmatch(lines.Text()); m != nil {
 				addr = m[1]
 			}
+		}
+		silent.Stop()
+		if addr == "" {
+			t.Fatalf("the server did not say where it listens within %v", wait)
 		}
 		var stderr bytes.Buffer
 		copied := make(chan struct{})
@@ -439,8 +444,8 @@ func TestAuditLogToStdoutAndWriteFailures(t *testing.T) {
 		c.Close()
 		time.Sleep(200 * time.Millisecond)
 		cmd.Process.Signal(syscall.SIGTERM)
-		<-copied
-		cmd.Wait()
+		await(t, copied, "the end of stderr after SIGTERM")
+		awaitFunc(t, "the server's exit after SIGTERM", func() { cmd.Wait() })
 		recs := readAudit(t, &stdout)
 		if len(recs) != 2 || recs[0].Event != "granted" || recs[1].Event != "released" {
 			t.Fatalf("stdout: %q", stdout.String())
@@ -640,7 +645,7 @@ func TestAuditLogUnderStress(t *testing.T) {
 		go func() {
 			defer func() { done <- struct{}{} }()
 			for i := 0; time.Now().Before(stop); i++ {
-				conn, err := net.Dial("tcp", s.addr)
+				conn, err := net.DialTimeout("tcp", s.addr, wait)
 				if err != nil {
 					return
 				}
@@ -661,8 +666,8 @@ func TestAuditLogUnderStress(t *testing.T) {
 			}
 		}()
 	}
-	for range 40 {
-		<-done
+	for i := range 40 {
+		await(t, done, fmt.Sprintf("the end of client %d of 40", i+1))
 	}
 	s.cmd.Process.Signal(syscall.SIGTERM)
 	s.exitCode(t)

@@ -85,7 +85,7 @@ func TestRunNeverOverlaps(t *testing.T) {
 			}
 		})
 	}
-	wg.Wait()
+	awaitFunc(t, "the end of six runs of 0.1s each", wg.Wait)
 	b, _ := os.ReadFile(log)
 	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
 	if len(lines) != 12 {
@@ -168,6 +168,7 @@ func TestRunRefusedAndUnreachable(t *testing.T) {
 				return
 			}
 			conns.Add(1)
+			c.SetDeadline(time.Now().Add(wait))
 			monolock.ReadFrame(c)
 			b, _ := monolock.Frame{Type: monolock.TypeError, Code: monolock.CodeNotAuthorized, Reason: "not authorized for lock"}.AppendBinary(nil)
 			c.Write(b)

@@ -315,11 +315,11 @@ func TestMutualTLSIdentitiesAndRules(t *testing.T) {
 
 	t.Run("the Go client over mutual TLS", func(t *testing.T) {
 		c := monolock.New(monolock.Config{Address: s.addr, Dialer: &tls.Dialer{Config: setup.clientConfig(t, setup.clientCA, all)}})
-		err := c.Do(context.Background(), "uri-go", time.Second, func(ctx context.Context, token uint64) error { return nil })
+		err := c.Do(bounded(t), "uri-go", time.Second, func(ctx context.Context, token uint64) error { return nil })
 		if err != nil {
 			t.Fatal(err)
 		}
-		err = c.Do(context.Background(), "dns-go", time.Second, func(ctx context.Context, token uint64) error { return nil })
+		err = c.Do(bounded(t), "dns-go", time.Second, func(ctx context.Context, token uint64) error { return nil })
 		if !errors.Is(err, monolock.ErrNotAuthorized) {
 			t.Fatalf("Do on a denied lock = %v", err)
 		}
@@ -344,7 +344,7 @@ func TestMutualTLSIdentitiesAndRules(t *testing.T) {
 	}
 
 	t.Run("plaintext client against TLS", func(t *testing.T) {
-		c, err := net.Dial("tcp", s.addr)
+		c, err := net.DialTimeout("tcp", s.addr, wait)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -367,7 +367,7 @@ func isTimeoutErr(err error) bool {
 func TestSilentTLSClientIsCutAndBlocksNobody(t *testing.T) {
 	setup := newTLSSetup(t, identityRules)
 	s := start(t, nil, append(setup.flags(), "-io-timeout", "500ms")...)
-	silent, err := net.Dial("tcp", s.addr) // starts no handshake
+	silent, err := net.DialTimeout("tcp", s.addr, wait) // starts no handshake
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -421,7 +421,7 @@ func TestReloadKeepsLocksAndRejectsBrokenFiles(t *testing.T) {
 	s := start(t, nil, setup.flags()...)
 	cfg := setup.clientConfig(t, setup.clientCA, leafOpts{cn: "cn-worker"})
 	serverName := func() string {
-		conn, err := tls.Dial("tcp", s.addr, cfg)
+		conn, err := tls.DialWithDialer(&net.Dialer{Timeout: wait}, "tcp", s.addr, cfg)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -448,6 +448,7 @@ func TestReloadKeepsLocksAndRejectsBrokenFiles(t *testing.T) {
 	if got := serverName(); got != "server-b" {
 		t.Fatalf("new connections see %q after the reload", got)
 	}
+	held.SetDeadline(time.Now().Add(wait))
 	held.Write([]byte{monolock.TypeHeartbeat}) // the old session lives on
 	if f, err := monolock.ReadFrame(held); err != nil || f.Type != monolock.TypeAcquired || f.Token != token {
 		t.Fatalf("held lock after reload: %+v, %v", f, err)
