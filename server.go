@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"slices"
 	"strings"
@@ -80,19 +81,15 @@ type Server struct {
 	protocolErrors                             [256]atomic.Uint64 // ERROR frames sent, by code
 	handshakeLog, denialLog                    infoLimit
 
-	mu            sync.Mutex // guards everything below; never held during I/O
-	locks         map[string]*lock
-	sessions      map[*session]struct{}
-	listeners     map[net.Listener]struct{}
-	lastToken     uint64
-	done          chan struct{} // closed when shutdown begins
-	grants        uint64
-	releases      map[string]uint64 // by reason
-	waitTotal     time.Duration
-	holdTotal     time.Duration
-	events        []Event // not yet delivered
-	eventsDropped uint64
-	delivering    bool // an event goroutine runs
+	mu         sync.Mutex // guards everything below; never held during I/O
+	locks      map[string]*lock
+	sessions   map[*session]struct{}
+	listeners  map[net.Listener]struct{}
+	lastToken  uint64
+	done       chan struct{} // closed when shutdown begins
+	counts     Stats         // Grants, Releases, WaitTotal, HoldTotal, EventsDropped
+	events     []Event       // not yet delivered
+	delivering bool          // an event goroutine runs
 }
 
 // maxQueuedEvents bounds the memory a stalled OnEvent can hold.
@@ -180,7 +177,7 @@ func (srv *Server) initLocked() {
 		srv.locks = make(map[string]*lock)
 		srv.sessions = make(map[*session]struct{})
 		srv.listeners = make(map[net.Listener]struct{})
-		srv.releases = make(map[string]uint64)
+		srv.counts.Releases = map[string]uint64{ReasonGraceful: 0, ReasonExpired: 0, ReasonIOTimeout: 0, ReasonForce: 0}
 		srv.done = make(chan struct{})
 	}
 }
@@ -535,8 +532,8 @@ func (srv *Server) grantLocked(l *lock, s *session) uint64 {
 	l.holder, s.since = s, now
 	token := srv.nextTokenLocked(now)
 	s.token.Store(token)
-	srv.grants++
-	srv.waitTotal += wait
+	srv.counts.Grants++
+	srv.counts.WaitTotal += wait
 	srv.emitLocked(Event{Type: EventGranted, Token: token, Wait: wait}, s)
 	return token
 }
@@ -595,8 +592,8 @@ func (srv *Server) leaveLocked(s *session, why error) (next *session, token uint
 	if l.holder == s {
 		l.holder = nil
 		held, reason := time.Since(s.since), releaseReason(why)
-		srv.releases[reason]++
-		srv.holdTotal += held
+		srv.counts.Releases[reason]++
+		srv.counts.HoldTotal += held
 		srv.emitLocked(Event{Type: EventReleased, Token: s.token.Load(), Held: held, Reason: reason}, s)
 		if front := l.waiters.Front(); front != nil && !srv.closing.Load() {
 			next = l.waiters.Remove(front).(*session)
@@ -719,7 +716,7 @@ func (srv *Server) emitLocked(ev Event, s *session) {
 		return
 	}
 	if len(srv.events) >= maxQueuedEvents {
-		srv.eventsDropped++
+		srv.counts.EventsDropped++
 		return
 	}
 	ev.Time, ev.Lock, ev.Identity, ev.RemoteAddr = time.Now(), s.name, s.identity, s.remote
@@ -771,23 +768,10 @@ type Stats struct {
 
 // Stats returns the current counters.
 func (srv *Server) Stats() Stats {
-	st := Stats{
-		ConnectionsAccepted: srv.accepted.Load(),
-		AcceptErrors:        srv.acceptErrors.Load(),
-		TLSHandshakeErrors:  srv.tlsHandshakeErrors.Load(),
-		Acquires:            srv.acquires.Load(),
-		Denials:             srv.denials.Load(),
-		Heartbeats:          srv.heartbeats.Load(),
-		Releases:            map[string]uint64{ReasonGraceful: 0, ReasonExpired: 0, ReasonIOTimeout: 0, ReasonForce: 0},
-		Errors:              map[Code]uint64{},
-	}
-	for code := range srv.protocolErrors {
-		if n := srv.protocolErrors[code].Load(); n > 0 {
-			st.Errors[Code(code)] = n
-		}
-	}
 	srv.mu.Lock()
-	defer srv.mu.Unlock()
+	srv.initLocked()
+	st := srv.counts
+	st.Releases = maps.Clone(st.Releases)
 	st.Connections = len(srv.sessions)
 	for _, l := range srv.locks {
 		if l.holder != nil {
@@ -795,9 +779,15 @@ func (srv *Server) Stats() Stats {
 		}
 		st.Waiters += l.waiters.Len()
 	}
-	st.Grants, st.WaitTotal, st.HoldTotal, st.EventsDropped = srv.grants, srv.waitTotal, srv.holdTotal, srv.eventsDropped
-	for reason, n := range srv.releases {
-		st.Releases[reason] = n
+	srv.mu.Unlock()
+	st.ConnectionsAccepted, st.AcceptErrors = srv.accepted.Load(), srv.acceptErrors.Load()
+	st.TLSHandshakeErrors, st.Acquires = srv.tlsHandshakeErrors.Load(), srv.acquires.Load()
+	st.Denials, st.Heartbeats = srv.denials.Load(), srv.heartbeats.Load()
+	st.Errors = map[Code]uint64{}
+	for code := range srv.protocolErrors {
+		if n := srv.protocolErrors[code].Load(); n > 0 {
+			st.Errors[Code(code)] = n
+		}
 	}
 	return st
 }
