@@ -2,9 +2,12 @@ package monolock
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
+	"io"
 	"net"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -490,11 +493,7 @@ func TestTryAcquire(t *testing.T) {
 	}
 	// The busy try left no place in the queue: the lock is free again once
 	// the server has read the release.
-	waitFor(t, "the release to reach the server", func() bool {
-		srv.mu.Lock()
-		defer srv.mu.Unlock()
-		return len(srv.locks) == 0
-	})
+	waitFor(t, "the release to reach the server", func() bool { return len(srv.Locks()) == 0 })
 	l2, err := c.TryAcquire(context.Background(), "t", time.Second)
 	if err != nil {
 		t.Fatalf("TryAcquire after Release = %v", err)
@@ -769,9 +768,8 @@ func TestDoRetry(t *testing.T) {
 			done <- c.DoRetry(context.Background(), "r", time.Second, func(context.Context, uint64) error { runs++; return nil })
 		}()
 		waitFor(t, "the client to queue", func() bool {
-			srv.mu.Lock()
-			defer srv.mu.Unlock()
-			return srv.locks["r"] != nil && srv.locks["r"].waiters.Len() == 1
+			l, ok := srv.Lock("r")
+			return ok && len(l.Waiters) == 1
 		})
 		srv.Shutdown(context.Background()) // ERROR 0x01 to the queued client
 		srv2 := &Server{}
@@ -827,5 +825,186 @@ func TestDoRetry(t *testing.T) {
 		if !errors.Is(err, context.DeadlineExceeded) || errors.Is(err, ErrDial) {
 			t.Fatalf("DoRetry = %v, want only the context's deadline", err)
 		}
+	})
+}
+
+// A frame that arrives after the claim's deadline confirms nothing, even
+// if it was already waiting when the deadline passed. The heartbeat's
+// answer is read just before the deadline and then held, on the only
+// processor, until just after it: a client that picks the frame over its
+// own expired deadline would extend the claim with it.
+func TestFrameAfterTheDeadlineConfirmsNothing(t *testing.T) {
+	const lease = 400 * time.Millisecond // deadline 320ms after the ACQUIRE
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	var acquireSent atomic.Pointer[time.Time]
+	addr := fakeServer(t, func(c net.Conn) {
+		if _, err := ReadFrame(c); err != nil {
+			return
+		}
+		answered := time.Now()
+		writeFrame(c, Frame{Type: TypeAcquired, Token: 7})
+		if _, err := ReadFrame(c); err != nil { // the first heartbeat
+			return
+		}
+		time.Sleep(time.Until(answered.Add(lease*8/10 - 3*time.Millisecond)))
+		for writeFrame(c, Frame{Type: TypeAcquired, Token: 7}) == nil {
+			if _, err := ReadFrame(c); err != nil {
+				return
+			}
+		}
+	})
+	reads := 0
+	c := New(Config{Address: addr, Dialer: dialerFunc(func(ctx context.Context, network, address string) (net.Conn, error) {
+		conn, err := (&net.Dialer{}).DialContext(ctx, network, address)
+		return &hookConn{Conn: conn,
+			onWrite: func() {
+				now := time.Now()
+				acquireSent.CompareAndSwap(nil, &now)
+			},
+			onRead: func() {
+				if reads++; reads == 2 { // the heartbeat's answer: hold it past the deadline
+					for until := acquireSent.Load().Add(lease*8/10 + 2*time.Millisecond); time.Now().Before(until); {
+					}
+				}
+			}}, err
+	})})
+	l, err := c.Acquire(context.Background(), "late", lease)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Release()
+	select {
+	case <-l.Done():
+	case <-time.After(lease):
+		t.Fatalf("still held %v after the ACQUIRE: the late answer extended the claim", time.Since(*acquireSent.Load()))
+	}
+	if !errors.Is(l.Err(), ErrHeartbeatTimeout) {
+		t.Fatalf("cause %v, want a heartbeat timeout", l.Err())
+	}
+}
+
+// hookConn calls onWrite before each write and onRead after each read
+// that returned bytes, in the caller's goroutine.
+type hookConn struct {
+	net.Conn
+	onWrite, onRead func()
+}
+
+func (c *hookConn) Write(b []byte) (int, error) {
+	c.onWrite()
+	return c.Conn.Write(b)
+}
+
+func (c *hookConn) Read(b []byte) (int, error) {
+	n, err := c.Conn.Read(b)
+	if n > 0 {
+		c.onRead()
+	}
+	return n, err
+}
+
+// A Dialer may return a tls.Client whose handshake has not run: it then
+// runs inside the first write, and reads. Both the caller's context and
+// the claim's deadline bound it.
+func TestLazyTLSHandshakeIsBounded(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tl := tls.NewListener(l, &tls.Config{})
+	t.Cleanup(func() { tl.Close() })
+	var mu sync.Mutex
+	var held []net.Conn // accepted, never read: the handshake is never answered
+	t.Cleanup(func() {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range held {
+			c.Close()
+		}
+	})
+	go func() {
+		for {
+			c, err := tl.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			held = append(held, c)
+			mu.Unlock()
+		}
+	}()
+	c := New(Config{Address: l.Addr().String(), Dialer: dialerFunc(func(ctx context.Context, network, address string) (net.Conn, error) {
+		raw, err := (&net.Dialer{}).DialContext(ctx, network, address)
+		if err != nil {
+			return nil, err
+		}
+		return tls.Client(raw, &tls.Config{InsecureSkipVerify: true}), nil
+	})})
+	for _, tc := range []struct {
+		name    string
+		ctx     time.Duration // 0: none
+		lease   time.Duration
+		want    error
+		returns time.Duration // at the latest, with a generous margin
+	}{
+		{"the caller's context", 300 * time.Millisecond, time.Hour, context.DeadlineExceeded, 300*time.Millisecond + 3*time.Second},
+		{"the claim's deadline", 0, time.Second, ErrHeartbeatTimeout, 800*time.Millisecond + 3*time.Second},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := context.Background()
+			if tc.ctx > 0 {
+				var cancel context.CancelFunc
+				ctx, cancel = context.WithTimeout(ctx, tc.ctx)
+				defer cancel()
+			}
+			start := time.Now()
+			done := make(chan error, 1)
+			go func() {
+				_, err := c.Acquire(ctx, "tls", tc.lease)
+				done <- err
+			}()
+			select {
+			case err := <-done:
+				if !errors.Is(err, tc.want) {
+					t.Fatalf("Acquire = %v, want %v", err, tc.want)
+				}
+				if d := time.Since(start); d > tc.returns {
+					t.Fatalf("Acquire returned after %v, want within %v", d, tc.returns)
+				}
+			case <-time.After(tc.returns):
+				t.Fatalf("Acquire still waits for the handshake after %v", tc.returns)
+			}
+		})
+	}
+}
+
+// A server that closes the connection before any reply (a plain client
+// against a TLS port, for one) is reported as exactly that.
+func TestClosedBeforeAnyReply(t *testing.T) {
+	check := func(t *testing.T, err error) {
+		t.Helper()
+		if !errors.Is(err, ErrConnectionClosed) || !strings.Contains(err.Error(), "closed by the server before any reply") {
+			t.Fatalf("Acquire = %v, want the connection closed by the server before any reply", err)
+		}
+		if errors.Is(err, ErrLockLost) || errors.Is(err, ErrDial) {
+			t.Fatalf("%v says more than that", err)
+		}
+	}
+	t.Run("plain close", func(t *testing.T) {
+		addr := fakeServer(t, func(c net.Conn) { ReadFrame(c) })
+		_, err := New(Config{Address: addr}).Acquire(context.Background(), "x", time.Second)
+		check(t, err)
+		if !errors.Is(err, io.EOF) {
+			t.Fatalf("%v does not keep io.EOF", err)
+		}
+	})
+	t.Run("TLS server", func(t *testing.T) {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		addr := serveOn(t, &Server{}, tls.NewListener(l, &tls.Config{}))
+		_, err = New(Config{Address: addr}).Acquire(context.Background(), "x", time.Second)
+		check(t, err)
 	})
 }
