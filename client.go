@@ -165,14 +165,15 @@ func (c *Client) acquire(ctx context.Context, name string, lease time.Duration, 
 		return nil, &dialError{err}
 	}
 	l := &Lock{name: name, lease: lease, conn: conn, r: bufio.NewReaderSize(conn, 64), try: try,
-		release: make(chan struct{}), done: make(chan struct{})}
+		done: make(chan struct{})}
 	l.ctx, l.cancel = context.WithCancelCause(context.WithoutCancel(ctx))
-	stop := context.AfterFunc(ctx, l.shut) // unblocks any read or write of the claim at once
+	stop := context.AfterFunc(ctx, func() { l.Release() }) // ends any read or write of the claim at once
 	held := l.claim(true)
 	switch {
 	case !stop():
-		if held {
-			l.end(nil)
+		if held { // no goroutine of its own yet
+			l.Release()
+			close(l.done)
 		}
 		return nil, ctxErr(ctx)
 	case !held:
@@ -192,10 +193,10 @@ type Lock struct {
 	try   bool
 	token uint64
 
-	once    sync.Once
-	release chan struct{} // closed by Release, or by the end of Acquire's ctx
-	done    chan struct{} // closed when the claim has ended
-	err     error         // why it ended; nil after a plain Release; read after done
+	mu    sync.Mutex
+	ended bool          // guarded by mu: by Release, or by a loss; err is final
+	err   error         // guarded by mu: the loss, or nil
+	done  chan struct{} // closed when the claim's goroutine has ended
 
 	ctx    context.Context
 	cancel context.CancelCauseFunc
@@ -230,19 +231,18 @@ func (l *Lock) Err() error { return context.Cause(l.ctx) }
 
 // Release gives the lock up by closing the connection. It returns the
 // cause if the lock had already been lost, and nil otherwise. It is safe
-// to call more than once, from any goroutine. The close ends every read
-// and write of the claim at once, so Release waits for nothing else.
+// to call more than once, from any goroutine, and waits for nothing: the
+// close ends the claim's reads and writes, and its goroutine, at once.
 func (l *Lock) Release() error {
-	l.shut()
-	<-l.done
-	return l.err
-}
-
-func (l *Lock) shut() {
-	l.once.Do(func() {
-		close(l.release)
-		l.conn.Close()
-	})
+	l.mu.Lock()
+	if !l.ended {
+		l.ended = true
+		l.cancel(ErrReleased)
+	}
+	err := l.err
+	l.mu.Unlock()
+	l.conn.Close()
+	return err
 }
 
 type state int
@@ -299,13 +299,6 @@ func (l *Lock) claim(untilGrant bool) bool {
 	}
 	if err == nil {
 		return true
-	}
-	select {
-	case <-l.release:
-		if errors.Is(err, ErrConnectionClosed) {
-			err = nil // the close was Release's
-		}
-	default:
 	}
 	l.end(err)
 	return false
@@ -388,22 +381,23 @@ func (l *Lock) judge(f Frame, at time.Time) error {
 	return nil
 }
 
-// end ends the claim with cause (nil: released). After the loss of a held
-// lock the connection stays open but silent until Release, the server's
-// close, or a lease: closing now would let the server grant the lock again
-// at once, while the work that was just cancelled is still stopping; by a
-// lease after the last heartbeat it read, the server has dropped the
-// session.
+// end ends the claim's goroutine, with cause unless Release came first
+// (whose close then caused it). After the loss of a held lock the
+// connection stays open but silent until Release, the server's close, or
+// a lease: closing now would let the server grant the lock again at once,
+// while the work that was just cancelled is still stopping; by a lease
+// after the last heartbeat it read, the server has dropped the session.
 func (l *Lock) end(cause error) {
-	lost := cause != nil && l.st == holding
-	if lost {
+	if l.st == holding {
 		cause = &lostError{cause}
 	}
-	l.err = cause
-	if cause == nil {
-		cause = ErrReleased
+	l.mu.Lock()
+	lost := !l.ended && l.st == holding
+	if !l.ended {
+		l.ended, l.err = true, cause
+		l.cancel(cause)
 	}
-	l.cancel(cause)
+	l.mu.Unlock()
 	if lost {
 		l.conn.SetReadDeadline(time.Now().Add(l.lease))
 		io.Copy(io.Discard, l.r)
