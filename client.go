@@ -8,6 +8,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"net"
+	"os"
 	"strings"
 	"sync"
 	"time"
@@ -207,6 +208,7 @@ type Lock struct {
 	lastSend  time.Time     // of the request in flight, or of the last one
 	confirmed time.Time     // send time of the last confirmed request
 	srtt      time.Duration // smoothed round trip
+	rdl       time.Time     // the read deadline set
 }
 
 // Name returns the lock's name.
@@ -272,7 +274,7 @@ func (l *Lock) claim(untilGrant bool) bool {
 	var err error
 	if untilGrant {
 		l.confirmed = time.Now() // the ACQUIRE's answer is due within the timeout
-		l.conn.SetDeadline(l.confirmed.Add(timeout))
+		l.readBy(l.confirmed.Add(timeout))
 		b, _ := Frame{Type: TypeAcquire, LeaseMS: uint32(l.lease / time.Millisecond), Name: l.name}.AppendBinary(nil)
 		err = l.send(b, l.confirmed.Add(timeout))
 	}
@@ -282,19 +284,18 @@ func (l *Lock) claim(untilGrant bool) bool {
 		if next := l.lastSend.Add(heartbeatInterval(l.lease, l.srtt)); !l.inflight && next.Before(wake) {
 			wake = next
 		}
-		l.conn.SetReadDeadline(wake)
+		l.readBy(wake)
 		f, rerr := l.read(deadline)
 		now := time.Now()
 		switch {
 		case !now.Before(deadline):
 			err = ErrHeartbeatTimeout // whatever was read: it arrived too late to confirm
-		case isTimeout(rerr) && !l.inflight && !now.Before(wake):
-			err = l.send([]byte{TypeHeartbeat}, deadline)
-		case isTimeout(rerr):
-		case rerr != nil:
-			err = rerr
-		default:
+		case rerr == nil:
 			err = l.judge(f, now)
+		case !os.IsTimeout(rerr):
+			err = rerr
+		case !l.inflight && !now.Before(wake):
+			err = l.send([]byte{TypeHeartbeat}, deadline)
 		}
 	}
 	if err == nil {
@@ -304,14 +305,21 @@ func (l *Lock) claim(untilGrant bool) bool {
 	return false
 }
 
+// readBy sets the read deadline, when it changes.
+func (l *Lock) readBy(t time.Time) {
+	if !t.Equal(l.rdl) {
+		l.rdl = t
+		l.conn.SetReadDeadline(t)
+	}
+}
+
 func (l *Lock) send(b []byte, deadline time.Time) error {
 	l.lastSend, l.inflight = time.Now(), true
 	l.conn.SetWriteDeadline(deadline)
-	if _, err := l.conn.Write(b); err != nil {
-		if isTimeout(err) { // the write deadline is the claim's
-			return ErrHeartbeatTimeout
-		}
-		return fmt.Errorf("%w: %w", ErrConnectionClosed, err)
+	if _, err := l.conn.Write(b); os.IsTimeout(err) { // the write deadline is the claim's
+		return ErrHeartbeatTimeout
+	} else if err != nil {
+		return &closedError{"", err}
 	}
 	return nil
 }
@@ -321,20 +329,18 @@ func (l *Lock) send(b []byte, deadline time.Time) error {
 func (l *Lock) read(deadline time.Time) (Frame, error) {
 	typ, err := l.r.Peek(1)
 	switch {
-	case isTimeout(err):
-		return Frame{}, err
 	case err == nil && typ[0] != TypeWaiting && typ[0] != TypeAcquired && typ[0] != TypeError:
 		// Decided on the type byte alone: a client frame's body would be
 		// read as one and could wait for bytes that never come.
 		return Frame{}, violation("type byte 0x%02x from the server", typ[0])
 	case err == nil:
-		l.conn.SetReadDeadline(deadline)
+		l.readBy(deadline)
 		var f Frame
 		if f, err = ReadFrame(l.r); err == nil {
 			return f, nil
 		}
 	}
-	if isTimeout(err) {
+	if os.IsTimeout(err) {
 		return Frame{}, err
 	}
 	by := ""
@@ -344,7 +350,7 @@ func (l *Lock) read(deadline time.Time) (Frame, error) {
 	if l.st == connecting {
 		by += " before any reply" // what a TLS mismatch looks like from here
 	}
-	return Frame{}, fmt.Errorf("%w%s: %w", ErrConnectionClosed, by, err)
+	return Frame{}, &closedError{by, err}
 }
 
 // judge acts on a frame read at at.
@@ -434,6 +440,18 @@ type dialError struct{ err error }
 func (e *dialError) Error() string        { return e.err.Error() }
 func (e *dialError) Unwrap() error        { return e.err }
 func (e *dialError) Is(target error) bool { return target == ErrDial }
+
+// closedError is ErrConnectionClosed and its cause; worded only when read,
+// since after Release nobody reads it.
+type closedError struct {
+	by  string
+	err error
+}
+
+func (e *closedError) Error() string {
+	return ErrConnectionClosed.Error() + e.by + ": " + e.err.Error()
+}
+func (e *closedError) Unwrap() []error { return []error{ErrConnectionClosed, e.err} }
 
 // lostError is the end of a held lock: ErrLockLost and its cause.
 type lostError struct{ cause error }
