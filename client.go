@@ -120,16 +120,16 @@ func (c *Client) DoRetry(ctx context.Context, name string, lease time.Duration, 
 
 // run runs fn under l for Do.
 func (l *Lock) run(ctx context.Context, fn func(ctx context.Context, token uint64) error) (err error) {
-	fnCtx, cancel := context.WithCancelCause(l.ctx)
-	stop := context.AfterFunc(ctx, func() { cancel(context.Cause(ctx)) })
+	// The lock's context is fn's alone: a graceful stop may cancel it
+	// without touching the claim, which never looks at it.
+	stop := context.AfterFunc(ctx, func() { l.cancel(context.Cause(ctx)) })
 	defer func() {
 		stop()
 		if lost := l.Release(); lost != nil {
 			err = errors.Join(err, lost)
 		}
-		cancel(nil)
 	}()
-	return fn(fnCtx, l.token)
+	return fn(l.ctx, l.token)
 }
 
 // Acquire waits in name's queue for as long as ctx allows and returns the

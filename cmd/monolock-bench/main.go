@@ -132,9 +132,9 @@ func main() {
 	}
 }
 
-// sideBySide runs measure once, or with -client in four turns, raw, Do,
-// raw, Do, each half as long, so that a change in the machine's load
-// weighs on both alike; it prints each and the ratio of the rates.
+// sideBySide runs measure once, or with -client in turns of 250ms, raw,
+// Do, raw, Do..., so that a change in the machine's load weighs on both
+// alike; it prints each and the ratio of the rates.
 func sideBySide(c config, what string, measure func(config) result) {
 	if !c.Client {
 		measure(c).print(what, c.Duration)
@@ -142,8 +142,8 @@ func sideBySide(c config, what string, measure func(config) result) {
 	}
 	var raw, do result
 	half := c
-	half.Duration = c.Duration / 2
-	for range 2 {
+	half.Duration = 250 * time.Millisecond
+	for range max(1, c.Duration/(2*half.Duration)) {
 		half.Client = false
 		raw.merge(measure(half))
 		half.Client = true
