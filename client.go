@@ -18,8 +18,8 @@ import (
 // Errors of the client. Each failure a caller may branch on has its own
 // sentinel: a dial failure (ErrDial), a busy try (ErrBusy), a lost lock
 // (ErrLockLost, together with its cause), a server code (*ServerError and
-// the code's sentinel), invalid input (ErrInvalidInput); the end of the
-// caller's own context is its context error.
+// the code's sentinel), invalid input (ErrInvalidInput and the code's
+// sentinel, such as ErrInvalidLease); the end of ctx is its own error.
 var (
 	ErrDial              = errors.New("monolock: dial failed")
 	ErrBusy              = errors.New("monolock: lock is busy")
