@@ -113,13 +113,17 @@ func TestHolderStopsBeforeTheServerReleases(t *testing.T) {
 			go func() {
 				done <- c.Do(context.Background(), "fenced", lease, func(ctx context.Context, token uint64) error {
 					close(held)
-					<-ctx.Done()
+					select {
+					case <-ctx.Done():
+					case <-time.After(wait):
+						t.Errorf("fn's context not cancelled %v after the grant", wait)
+					}
 					time.Sleep(stopping)
 					stoppedAt.Store(int64(time.Since(start)))
 					return nil
 				})
 			}()
-			<-held
+			clientWait(t, held, wait, "fn to start")
 			time.Sleep(lease / 2) // a few heartbeats in
 			if tc.name == "server killed" {
 				// The next holder comes from a new server on the same address,
@@ -147,7 +151,7 @@ func TestHolderStopsBeforeTheServerReleases(t *testing.T) {
 			}
 			grantedAt.Store(int64(time.Since(start)))
 
-			err = <-done
+			err = clientWait(t, done, 2*wait, "Do to return")
 			if !errors.Is(err, ErrLockLost) {
 				t.Fatalf("Do returned %v, want ErrLockLost", err)
 			}
@@ -170,7 +174,7 @@ func TestCutConnectionCancelsAtOnce(t *testing.T) {
 	start := time.Now()
 	err := New(Config{Address: p.addr}).Do(context.Background(), "cut", lease, func(ctx context.Context, token uint64) error {
 		p.cut()
-		<-ctx.Done()
+		clientWait(t, ctx.Done(), wait, "fn's context to be cancelled by the cut")
 		return nil
 	})
 	if !errors.Is(err, ErrLockLost) || !errors.Is(err, ErrConnectionClosed) {
@@ -213,7 +217,7 @@ func TestPushAfterLostHeartbeatConfirmsNothing(t *testing.T) {
 		return time.Since(start) > lease/4+lease/10
 	})
 	holder.Close() // the server pushes ACQUIRED to the client
-	l := <-acquired
+	l := clientWait(t, acquired, wait, "the grant")
 	if l == nil {
 		return
 	}
@@ -223,7 +227,7 @@ func TestPushAfterLostHeartbeatConfirmsNothing(t *testing.T) {
 	if f, err := next.read(wait); err != nil || f.Type != TypeWaiting {
 		t.Fatalf("next: %+v, %v", f, err)
 	}
-	<-l.Done()
+	clientWait(t, l.Done(), wait, "the loss of the pushed claim")
 	cancelled := time.Since(start)
 	if _, err := next.read(wait); err != nil {
 		t.Fatalf("next waiter: %v", err)
@@ -425,7 +429,7 @@ func TestCancellingDoWhileFnRunsIsGraceful(t *testing.T) {
 		waiter.send(acquire("g", time.Minute))
 		waiter.expectWaiting()
 		cancel(stopReason)
-		<-fnCtx.Done()
+		clientWait(t, fnCtx.Done(), wait, "fn's context to be cancelled by Do's")
 		if cause := context.Cause(fnCtx); cause != stopReason {
 			t.Errorf("fn's cause %v, want Do's cause", cause)
 		}
@@ -544,7 +548,7 @@ func TestLostLockKeepsItsConnectionUntilRelease(t *testing.T) {
 			t.Fatal(err)
 		}
 		p.set(down, fault{drop: true}) // the server still hears the client
-		<-l.Done()
+		clientWait(t, l.Done(), wait, "the heartbeat timeout")
 		lost := time.Now()
 		if !errors.Is(l.Err(), ErrHeartbeatTimeout) {
 			t.Fatalf("cause %v, want a heartbeat timeout", l.Err())
@@ -582,7 +586,7 @@ func TestLossWhileFnRunsIsJoinedWithFnError(t *testing.T) {
 	fnErr := errors.New("half done")
 	err := c.Do(context.Background(), "j", time.Minute, func(ctx context.Context, token uint64) error {
 		go srv.Shutdown(context.Background())
-		<-ctx.Done()
+		clientWait(t, ctx.Done(), wait, "fn's context to be cancelled by the shutdown")
 		if !errors.Is(context.Cause(ctx), ErrShuttingDown) {
 			t.Errorf("fn's cause %v", context.Cause(ctx))
 		}
@@ -659,7 +663,7 @@ func TestProtocolViolations(t *testing.T) {
 			})
 			l, err := New(Config{Address: addr}).Acquire(context.Background(), "v", 400*time.Millisecond)
 			if err == nil {
-				<-l.Done()
+				clientWait(t, l.Done(), wait, "the loss")
 				err = l.Err()
 			}
 			if !errors.Is(err, ErrProtocolViolation) {
@@ -699,7 +703,7 @@ func TestValidationBeforeDial(t *testing.T) {
 		{"ok", 0, ErrInvalidLease},
 		{"ok", -time.Second, ErrInvalidLease},
 	} {
-		err := c.DoRetry(context.Background(), tc.name, tc.lease, func(context.Context, uint64) error { return nil })
+		err := c.DoRetry(bounded(t), tc.name, tc.lease, func(context.Context, uint64) error { return nil })
 		if !errors.Is(err, tc.want) || !errors.Is(err, ErrInvalidInput) {
 			t.Errorf("%q, %v: %v, want %v", tc.name, tc.lease, err, tc.want)
 		}
@@ -740,7 +744,7 @@ func TestDoRetry(t *testing.T) {
 			srv.Serve(l)
 		}()
 		runs := 0
-		err := New(Config{Address: addr}).DoRetry(context.Background(), "r", time.Second,
+		err := New(Config{Address: addr}).DoRetry(bounded(t), "r", time.Second,
 			func(context.Context, uint64) error { runs++; return nil })
 		if err != nil || runs != 1 {
 			t.Fatalf("DoRetry = %v after %d runs", err, runs)
@@ -765,7 +769,7 @@ func TestDoRetry(t *testing.T) {
 		done := make(chan error, 1)
 		runs := 0
 		go func() {
-			done <- c.DoRetry(context.Background(), "r", time.Second, func(context.Context, uint64) error { runs++; return nil })
+			done <- c.DoRetry(bounded(t), "r", time.Second, func(context.Context, uint64) error { runs++; return nil })
 		}()
 		waitFor(t, "the client to queue", func() bool {
 			l, ok := srv.Lock("r")
@@ -780,7 +784,7 @@ func TestDoRetry(t *testing.T) {
 		})
 		go srv2.Serve(l2)
 		defer srv2.Close()
-		if err := <-done; err != nil || runs != 1 {
+		if err := clientWait(t, done, 2*wait, "DoRetry to return"); err != nil || runs != 1 {
 			t.Fatalf("DoRetry = %v after %d runs", err, runs)
 		}
 		if attempts.Load() < 2 {
@@ -794,7 +798,7 @@ func TestDoRetry(t *testing.T) {
 			ReadFrame(c)
 			writeFrame(c, Frame{Type: TypeError, Code: CodeEmptyName, Reason: "empty lock name"})
 		})
-		err := New(Config{Address: addr}).DoRetry(context.Background(), "x", time.Second,
+		err := New(Config{Address: addr}).DoRetry(bounded(t), "x", time.Second,
 			func(context.Context, uint64) error { t.Error("fn ran"); return nil })
 		if !errors.Is(err, ErrEmptyName) || attempts.Load() != 1 {
 			t.Fatalf("DoRetry = %v after %d attempts, want 0x14 after one", err, attempts.Load())
@@ -804,11 +808,11 @@ func TestDoRetry(t *testing.T) {
 		srv := &Server{}
 		addr := startServer(t, srv)
 		runs := 0
-		err := New(Config{Address: addr}).DoRetry(context.Background(), "once", time.Second,
+		err := New(Config{Address: addr}).DoRetry(bounded(t), "once", time.Second,
 			func(ctx context.Context, token uint64) error {
 				runs++
 				go srv.Shutdown(context.Background())
-				<-ctx.Done()
+				clientWait(t, ctx.Done(), wait, "fn's context to be cancelled by the shutdown")
 				return nil
 			})
 		if !errors.Is(err, ErrLockLost) || runs != 1 {
@@ -1007,4 +1011,25 @@ func TestClosedBeforeAnyReply(t *testing.T) {
 		_, err = New(Config{Address: addr}).Acquire(context.Background(), "x", time.Second)
 		check(t, err)
 	})
+}
+
+// clientWait receives from ch within d, or fails the test with what did
+// not happen. Only from the test's goroutine.
+func clientWait[T any](t testing.TB, ch <-chan T, d time.Duration, what string) T {
+	t.Helper()
+	select {
+	case v := <-ch:
+		return v
+	case <-time.After(d):
+		t.Fatalf("gave up after %v waiting for %s", d, what)
+		panic("unreachable")
+	}
+}
+
+// bounded is a context that ends with the test or after 2*wait, so that a
+// retry loop that should have stopped fails the test instead of hanging it.
+func bounded(t testing.TB) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*wait)
+	t.Cleanup(cancel)
+	return ctx
 }
