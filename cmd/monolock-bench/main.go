@@ -299,7 +299,7 @@ func cycle(c config) result {
 	var r result
 	var mu sync.Mutex
 	end := time.Now().Add(c.Duration)
-	prefix := "cycle-" + os.Getenv("MONOLOCK_BENCH_FIRST") + "-"
+	prefix := "cycle-" + os.Getenv("MONOLOCK_BENCH_FIRST") + "-" + strconv.FormatInt(time.Now().UnixNano(), 36) + "-" // names of this turn alone
 	client := monolock.New(monolock.Config{Address: c.Addr, Dialer: dialer{c}})
 	var wg sync.WaitGroup
 	for w := range c.Workers {
