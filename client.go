@@ -8,6 +8,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"net"
+	"os"
 	"strings"
 	"sync"
 	"time"
@@ -17,8 +18,8 @@ import (
 // Errors of the client. Each failure a caller may branch on has its own
 // sentinel: a dial failure (ErrDial), a busy try (ErrBusy), a lost lock
 // (ErrLockLost, together with its cause), a server code (*ServerError and
-// the code's sentinel), invalid input (ErrInvalidInput); the end of the
-// caller's own context is its context error.
+// the code's sentinel), invalid input (ErrInvalidInput and the code's
+// sentinel, such as ErrInvalidLease); the end of ctx is its own error.
 var (
 	ErrDial              = errors.New("monolock: dial failed")
 	ErrBusy              = errors.New("monolock: lock is busy")
@@ -82,10 +83,11 @@ func (c *Client) Do(ctx context.Context, name string, lease time.Duration, fn fu
 
 // DoRetry is Do that retries what may succeed later: a dial failure, a
 // connection lost or silent while queued, and server conditions (codes
-// below 0x10), with exponential backoff and jitter from 100ms doubling to
-// 5s, and at once after ERROR 0x01 (the server is going away; another may
-// already listen). Client errors (codes from 0x10), invalid input and the
-// end of ctx return at once. fn runs at most once.
+// below 0x10), and at once after ERROR 0x01 (the server is going away;
+// another may already listen). Its waits start at 100ms and double up to
+// 5s; each is drawn from [base, 1.5×base), so that a crowd of clients does
+// not retry in step. Client errors (codes from 0x10), invalid input and
+// the end of ctx return at once. fn runs at most once.
 func (c *Client) DoRetry(ctx context.Context, name string, lease time.Duration, fn func(ctx context.Context, token uint64) error) error {
 	backoff := 100 * time.Millisecond
 	for again := false; ; {
@@ -105,9 +107,8 @@ func (c *Client) DoRetry(ctx context.Context, name string, lease time.Duration, 
 			return err
 		}
 		again = false
-		delay := backoff/2 + rand.N(backoff/2+1) // jitter keeps a crowd from retrying in step
+		t := time.NewTimer(backoff + rand.N(backoff/2))
 		backoff = min(2*backoff, 5*time.Second)
-		t := time.NewTimer(delay)
 		select {
 		case <-t.C:
 		case <-ctx.Done():
@@ -119,16 +120,16 @@ func (c *Client) DoRetry(ctx context.Context, name string, lease time.Duration, 
 
 // run runs fn under l for Do.
 func (l *Lock) run(ctx context.Context, fn func(ctx context.Context, token uint64) error) (err error) {
-	fnCtx, cancel := context.WithCancelCause(l.ctx)
-	stop := context.AfterFunc(ctx, func() { cancel(context.Cause(ctx)) })
+	// The lock's context is fn's alone: a graceful stop may cancel it
+	// without touching the claim, which never looks at it.
+	stop := context.AfterFunc(ctx, func() { l.cancel(context.Cause(ctx)) })
 	defer func() {
 		stop()
 		if lost := l.Release(); lost != nil {
 			err = errors.Join(err, lost)
 		}
-		cancel(nil)
 	}()
-	return fn(fnCtx, l.token)
+	return fn(l.ctx, l.token)
 }
 
 // Acquire waits in name's queue for as long as ctx allows and returns the
@@ -148,6 +149,8 @@ func (c *Client) TryAcquire(ctx context.Context, name string, lease time.Duratio
 	return c.acquire(ctx, name, lease, true)
 }
 
+// acquire runs the claim in the caller's goroutine until the grant, and
+// hands it to a goroutine of its own from there.
 func (c *Client) acquire(ctx context.Context, name string, lease time.Duration, try bool) (*Lock, error) {
 	if err := ValidateName(name); err != nil {
 		return nil, err
@@ -162,26 +165,23 @@ func (c *Client) acquire(ctx context.Context, name string, lease time.Duration, 
 		}
 		return nil, &dialError{err}
 	}
-	l := &Lock{
-		name:    name,
-		lease:   lease,
-		conn:    conn,
-		try:     try,
-		granted: make(chan struct{}),
-		release: make(chan struct{}),
-		done:    make(chan struct{}),
-	}
+	l := &Lock{name: name, lease: lease, conn: conn, r: bufio.NewReaderSize(conn, 64), try: try,
+		done: make(chan struct{})}
 	l.ctx, l.cancel = context.WithCancelCause(context.WithoutCancel(ctx))
-	go l.heartbeat()
-	select {
-	case <-l.granted:
-		return l, nil
-	case <-l.done:
-		return nil, l.err
-	case <-ctx.Done():
-		l.Release()
+	stop := context.AfterFunc(ctx, func() { l.Release() }) // ends any read or write of the claim at once
+	held := l.claim(true)
+	switch {
+	case !stop():
+		if held { // no goroutine of its own yet
+			l.Release()
+			close(l.done)
+		}
 		return nil, ctxErr(ctx)
+	case !held:
+		return nil, l.err
 	}
+	go l.claim(false)
+	return l, nil
 }
 
 // Lock is a held lock. Its connection is read and heartbeated by a
@@ -190,17 +190,25 @@ type Lock struct {
 	name  string
 	lease time.Duration
 	conn  net.Conn
+	r     *bufio.Reader
 	try   bool
+	token uint64
 
-	token   uint64        // written before granted is closed
-	granted chan struct{} // closed on the grant
-	release chan struct{} // closed by Release
-	once    sync.Once
-	done    chan struct{} // closed when the heartbeat goroutine has ended
-	err     error         // why it ended; nil after a plain Release; read after done
+	mu    sync.Mutex
+	ended bool          // guarded by mu: by Release, or by a loss; err is final
+	err   error         // guarded by mu: the loss, or nil
+	done  chan struct{} // closed when the claim's goroutine has ended
 
 	ctx    context.Context
 	cancel context.CancelCauseFunc
+
+	// The claim, owned by the goroutine that runs claim.
+	st        state
+	inflight  bool          // a request awaits its answer
+	lastSend  time.Time     // of the request in flight, or of the last one
+	confirmed time.Time     // send time of the last confirmed request
+	srtt      time.Duration // smoothed round trip
+	rdl       time.Time     // the read deadline set
 }
 
 // Name returns the lock's name.
@@ -225,11 +233,18 @@ func (l *Lock) Err() error { return context.Cause(l.ctx) }
 
 // Release gives the lock up by closing the connection. It returns the
 // cause if the lock had already been lost, and nil otherwise. It is safe
-// to call more than once, from any goroutine.
+// to call more than once, from any goroutine, and waits for nothing: the
+// close ends the claim's reads and writes, and its goroutine, at once.
 func (l *Lock) Release() error {
-	l.once.Do(func() { close(l.release) })
-	<-l.done
-	return l.err
+	l.mu.Lock()
+	if !l.ended {
+		l.ended = true
+		l.cancel(ErrReleased)
+	}
+	err := l.err
+	l.mu.Unlock()
+	l.conn.Close()
+	return err
 }
 
 type state int
@@ -240,202 +255,161 @@ const (
 	holding                 // ACQUIRED received
 )
 
-type received struct {
-	f   Frame
-	err error
-	at  time.Time
-}
-
-// heartbeat is the lock's goroutine. It alone writes to the connection
-// and decides the state; a reader goroutine hands it whole frames.
+// claim sends the ACQUIRE (when connecting) and heartbeats, and reads and
+// judges the answers, in one goroutine. With untilGrant it returns true at
+// the grant; otherwise, and on any end before it, it ends the lock and
+// returns false.
 //
 // The rules are the specification's: a claim is confirmed by the answer to
 // a request (ACQUIRE or HEARTBEAT) and, once confirmed, counts from that
 // request's send time; it is abandoned at 0.8 of the lease after the send
 // of the last confirmed request, before the server, counting the full lease
-// from a later arrival, can drop it. One request is in flight at a time, so
-// answers pair with requests without ids. The promotion push moves a
-// queued claim to held and confirms nothing.
-func (l *Lock) heartbeat() {
-	frames := make(chan received)
-	go l.read(frames)
-
+// from a later arrival, can drop it. A frame read at or after that deadline
+// confirms nothing. One request is in flight at a time, so answers pair
+// with requests without ids. The promotion push moves a queued claim to
+// held and confirms nothing. Every read and write has a deadline no later
+// than the claim's, a lazy TLS handshake inside the first write included.
+func (l *Lock) claim(untilGrant bool) bool {
 	timeout := l.lease / 5 * 4
-	var (
-		st        = connecting
-		inflight  bool
-		lastSend  time.Time // of the request in flight, or of the last one
-		confirmed time.Time // send time of the last confirmed request
-		srtt      time.Duration
-	)
-	send := func(f Frame) error {
-		b, _ := f.AppendBinary(nil)
-		lastSend = time.Now()
-		inflight = true
-		l.conn.SetWriteDeadline(confirmed.Add(timeout))
-		_, err := l.conn.Write(b)
-		return err
+	var err error
+	if untilGrant {
+		l.confirmed = time.Now() // the ACQUIRE's answer is due within the timeout
+		l.readBy(l.confirmed.Add(timeout))
+		b, _ := Frame{Type: TypeAcquire, LeaseMS: uint32(l.lease / time.Millisecond), Name: l.name}.AppendBinary(nil)
+		err = l.send(b, l.confirmed.Add(timeout))
 	}
-	confirm := func(at time.Time) {
-		inflight = false
-		confirmed = lastSend
-		if rtt := at.Sub(lastSend); srtt == 0 {
-			srtt = rtt
-		} else {
-			srtt += (rtt - srtt) / 5 // EWMA, alpha 0.2
-		}
-	}
-	grant := func(token uint64) {
-		st = holding
-		l.token = token
-		close(l.granted)
-	}
-	readerDone := false
-	end := func(cause error) {
-		lost := cause != nil && st == holding
-		if lost {
-			cause = &lostError{cause}
-		}
-		l.err = cause
-		if cause == nil {
-			cause = ErrReleased
-		}
-		l.cancel(cause)
-		if lost && !readerDone {
-			// Closing now would let the server grant the lock again at once,
-			// while the work that was just cancelled is still stopping. A
-			// silent session keeps it until Release, or until the server drops
-			// it a lease after the last heartbeat it read.
-			linger(l, frames)
-		}
-		l.conn.Close()
-		close(l.done)
-	}
-
-	confirmed = time.Now() // the ACQUIRE's send: its answer is due within the timeout
-	if err := send(Frame{Type: TypeAcquire, LeaseMS: uint32(l.lease / time.Millisecond), Name: l.name}); err != nil {
-		end(writeErr(err))
-		return
-	}
-	timer := time.NewTimer(timeout)
-	defer timer.Stop()
-	for {
-		now := time.Now()
-		deadline := confirmed.Add(timeout)
-		if !now.Before(deadline) {
-			end(ErrHeartbeatTimeout)
-			return
-		}
+	for err == nil && !(untilGrant && l.st == holding) {
+		deadline := l.confirmed.Add(timeout)
 		wake := deadline
-		if !inflight {
-			next := lastSend.Add(heartbeatInterval(l.lease, srtt))
-			if !next.After(now) {
-				if err := send(Frame{Type: TypeHeartbeat}); err != nil {
-					end(writeErr(err))
-					return
-				}
-				continue
-			}
-			if next.Before(wake) {
-				wake = next
-			}
+		if next := l.lastSend.Add(heartbeatInterval(l.lease, l.srtt)); !l.inflight && next.Before(wake) {
+			wake = next
 		}
-		timer.Reset(wake.Sub(now))
-		select {
-		case <-l.release:
-			end(nil)
-			return
-		case <-timer.C:
-		case r := <-frames:
-			if r.err != nil {
-				readerDone = true
-				end(r.err)
-				return
-			}
-			switch f := r.f; {
-			case f.Type == TypeError:
-				end(&ServerError{Code: f.Code, Reason: strings.ToValidUTF8(f.Reason, string(utf8.RuneError))})
-				return
-			case f.Type == TypeAcquired && st == queued:
-				grant(f.Token) // the push: a request in flight stays in flight
-			case !inflight:
-				end(violation("unsolicited frame 0x%02x", f.Type))
-				return
-			case f.Type == TypeWaiting && st == holding:
-				end(violation("WAITING after ACQUIRED"))
-				return
-			case f.Type == TypeAcquired && st == holding && f.Token != l.token:
-				end(violation("token %d after %d", f.Token, l.token))
-				return
-			case f.Type == TypeWaiting:
-				confirm(r.at)
-				if st == connecting {
-					st = queued
-					if l.try {
-						end(ErrBusy)
-						return
-					}
-				}
-			case f.Type == TypeAcquired:
-				confirm(r.at)
-				if st == connecting {
-					grant(f.Token)
-				}
-			default:
-				end(violation("client frame 0x%02x from the server", f.Type))
-				return
-			}
+		l.readBy(wake)
+		f, rerr := l.read(deadline)
+		now := time.Now()
+		switch {
+		case !now.Before(deadline):
+			err = ErrHeartbeatTimeout // whatever was read: it arrived too late to confirm
+		case rerr == nil:
+			err = l.judge(f, now)
+		case !os.IsTimeout(rerr):
+			err = rerr
+		case !l.inflight && !now.Before(wake):
+			err = l.send([]byte{TypeHeartbeat}, deadline)
 		}
+	}
+	if err == nil {
+		return true
+	}
+	l.end(err)
+	return false
+}
+
+// readBy sets the read deadline, when it changes.
+func (l *Lock) readBy(t time.Time) {
+	if !t.Equal(l.rdl) {
+		l.rdl = t
+		l.conn.SetReadDeadline(t)
 	}
 }
 
-// linger waits, sending nothing, for Release, the server's close, or a
-// lease, by which time the server has dropped the session unless a late
-// heartbeat reached it.
-func linger(l *Lock, frames <-chan received) {
-	t := time.NewTimer(l.lease)
-	defer t.Stop()
-	for {
-		select {
-		case <-l.release:
-			return
-		case <-t.C:
-			return
-		case r := <-frames:
-			if r.err != nil {
-				return
-			}
-		}
+func (l *Lock) send(b []byte, deadline time.Time) error {
+	l.lastSend, l.inflight = time.Now(), true
+	l.conn.SetWriteDeadline(deadline)
+	if _, err := l.conn.Write(b); os.IsTimeout(err) { // the write deadline is the claim's
+		return ErrHeartbeatTimeout
+	} else if err != nil {
+		return &closedError{"", err}
 	}
+	return nil
 }
 
-// read is the permanent reader: it hands every frame to the heartbeat
-// goroutine until the connection fails or the lock has ended.
-func (l *Lock) read(frames chan<- received) {
-	r := bufio.NewReaderSize(l.conn, 64)
-	for {
-		var rec received
-		switch typ, err := r.Peek(1); {
-		case err != nil:
-			rec.err = readErr(err)
-		case typ[0] != TypeWaiting && typ[0] != TypeAcquired && typ[0] != TypeError:
-			// Decided on the type byte alone: a client frame's body would be
-			// read as one and could wait for bytes that never come.
-			rec.err = violation("type byte 0x%02x from the server", typ[0])
-		default:
-			rec.f, err = ReadFrame(r)
-			rec.err = readErr(err)
-		}
-		rec.at = time.Now()
-		select {
-		case frames <- rec:
-		case <-l.done:
-			return
-		}
-		if rec.err != nil {
-			return
+// read reads one frame; its first byte by the read deadline set, the rest
+// by the claim's deadline.
+func (l *Lock) read(deadline time.Time) (Frame, error) {
+	typ, err := l.r.Peek(1)
+	switch {
+	case err == nil && typ[0] != TypeWaiting && typ[0] != TypeAcquired && typ[0] != TypeError:
+		// Decided on the type byte alone: a client frame's body would be
+		// read as one and could wait for bytes that never come.
+		return Frame{}, violation("type byte 0x%02x from the server", typ[0])
+	case err == nil:
+		l.readBy(deadline)
+		var f Frame
+		if f, err = ReadFrame(l.r); err == nil {
+			return f, nil
 		}
 	}
+	if os.IsTimeout(err) {
+		return Frame{}, err
+	}
+	by := ""
+	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+		by = " by the server"
+	}
+	if l.st == connecting {
+		by += " before any reply" // what a TLS mismatch looks like from here
+	}
+	return Frame{}, &closedError{by, err}
+}
+
+// judge acts on a frame read at at.
+func (l *Lock) judge(f Frame, at time.Time) error {
+	switch {
+	case f.Type == TypeError:
+		return &ServerError{Code: f.Code, Reason: strings.ToValidUTF8(f.Reason, string(utf8.RuneError))}
+	case f.Type == TypeAcquired && l.st == queued:
+		l.st, l.token = holding, f.Token // the push: a request in flight stays in flight
+		return nil
+	case !l.inflight:
+		return violation("unsolicited frame 0x%02x", f.Type)
+	case f.Type == TypeWaiting && l.st == holding:
+		return violation("WAITING after ACQUIRED")
+	case f.Type == TypeAcquired && l.st == holding && f.Token != l.token:
+		return violation("token %d after %d", f.Token, l.token)
+	}
+	// The answer to the request in flight.
+	l.inflight, l.confirmed = false, l.lastSend
+	if rtt := at.Sub(l.lastSend); l.srtt == 0 {
+		l.srtt = rtt
+	} else {
+		l.srtt += (rtt - l.srtt) / 5 // EWMA, alpha 0.2
+	}
+	switch {
+	case l.st != connecting:
+	case f.Type == TypeAcquired:
+		l.st, l.token = holding, f.Token
+	case l.try:
+		return ErrBusy
+	default:
+		l.st = queued
+	}
+	return nil
+}
+
+// end ends the claim's goroutine, with cause unless Release came first
+// (whose close then caused it). After the loss of a held lock the
+// connection stays open but silent until Release, the server's close, or
+// a lease: closing now would let the server grant the lock again at once,
+// while the work that was just cancelled is still stopping; by a lease
+// after the last heartbeat it read, the server has dropped the session.
+func (l *Lock) end(cause error) {
+	if l.st == holding {
+		cause = &lostError{cause}
+	}
+	l.mu.Lock()
+	lost := !l.ended && l.st == holding
+	if !l.ended {
+		l.ended, l.err = true, cause
+		l.cancel(cause)
+	}
+	l.mu.Unlock()
+	if lost {
+		l.conn.SetReadDeadline(time.Now().Add(l.lease))
+		io.Copy(io.Discard, l.r)
+	}
+	l.conn.Close()
+	close(l.done)
 }
 
 // heartbeatInterval is the specification's schedule: a quarter of the
@@ -445,23 +419,6 @@ func heartbeatInterval(lease, srtt time.Duration) time.Duration {
 	base := lease / 4
 	floor := min(100*time.Millisecond, base)
 	return max(floor, base-2*srtt)
-}
-
-func readErr(err error) error {
-	switch {
-	case err == nil:
-		return nil
-	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF):
-		return fmt.Errorf("%w by the server (%w)", ErrConnectionClosed, err)
-	}
-	return fmt.Errorf("%w: %w", ErrConnectionClosed, err)
-}
-
-func writeErr(err error) error {
-	if isTimeout(err) { // the write deadline is the claim's
-		return ErrHeartbeatTimeout
-	}
-	return fmt.Errorf("%w: %w", ErrConnectionClosed, err)
 }
 
 func violation(format string, args ...any) error {
@@ -483,6 +440,18 @@ type dialError struct{ err error }
 func (e *dialError) Error() string        { return e.err.Error() }
 func (e *dialError) Unwrap() error        { return e.err }
 func (e *dialError) Is(target error) bool { return target == ErrDial }
+
+// closedError is ErrConnectionClosed and its cause; worded only when read,
+// since after Release nobody reads it.
+type closedError struct {
+	by  string
+	err error
+}
+
+func (e *closedError) Error() string {
+	return ErrConnectionClosed.Error() + e.by + ": " + e.err.Error()
+}
+func (e *closedError) Unwrap() []error { return []error{ErrConnectionClosed, e.err} }
 
 // lostError is the end of a held lock: ErrLockLost and its cause.
 type lostError struct{ cause error }

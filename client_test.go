@@ -2,9 +2,12 @@ package monolock
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
+	"io"
 	"net"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -110,13 +113,17 @@ func TestHolderStopsBeforeTheServerReleases(t *testing.T) {
 			go func() {
 				done <- c.Do(context.Background(), "fenced", lease, func(ctx context.Context, token uint64) error {
 					close(held)
-					<-ctx.Done()
+					select {
+					case <-ctx.Done():
+					case <-time.After(wait):
+						t.Errorf("fn's context not cancelled %v after the grant", wait)
+					}
 					time.Sleep(stopping)
 					stoppedAt.Store(int64(time.Since(start)))
 					return nil
 				})
 			}()
-			<-held
+			clientWait(t, held, wait, "fn to start")
 			time.Sleep(lease / 2) // a few heartbeats in
 			if tc.name == "server killed" {
 				// The next holder comes from a new server on the same address,
@@ -144,7 +151,7 @@ func TestHolderStopsBeforeTheServerReleases(t *testing.T) {
 			}
 			grantedAt.Store(int64(time.Since(start)))
 
-			err = <-done
+			err = clientWait(t, done, 2*wait, "Do to return")
 			if !errors.Is(err, ErrLockLost) {
 				t.Fatalf("Do returned %v, want ErrLockLost", err)
 			}
@@ -167,7 +174,7 @@ func TestCutConnectionCancelsAtOnce(t *testing.T) {
 	start := time.Now()
 	err := New(Config{Address: p.addr}).Do(context.Background(), "cut", lease, func(ctx context.Context, token uint64) error {
 		p.cut()
-		<-ctx.Done()
+		clientWait(t, ctx.Done(), wait, "fn's context to be cancelled by the cut")
 		return nil
 	})
 	if !errors.Is(err, ErrLockLost) || !errors.Is(err, ErrConnectionClosed) {
@@ -210,7 +217,7 @@ func TestPushAfterLostHeartbeatConfirmsNothing(t *testing.T) {
 		return time.Since(start) > lease/4+lease/10
 	})
 	holder.Close() // the server pushes ACQUIRED to the client
-	l := <-acquired
+	l := clientWait(t, acquired, wait, "the grant")
 	if l == nil {
 		return
 	}
@@ -220,7 +227,7 @@ func TestPushAfterLostHeartbeatConfirmsNothing(t *testing.T) {
 	if f, err := next.read(wait); err != nil || f.Type != TypeWaiting {
 		t.Fatalf("next: %+v, %v", f, err)
 	}
-	<-l.Done()
+	clientWait(t, l.Done(), wait, "the loss of the pushed claim")
 	cancelled := time.Since(start)
 	if _, err := next.read(wait); err != nil {
 		t.Fatalf("next waiter: %v", err)
@@ -422,7 +429,7 @@ func TestCancellingDoWhileFnRunsIsGraceful(t *testing.T) {
 		waiter.send(acquire("g", time.Minute))
 		waiter.expectWaiting()
 		cancel(stopReason)
-		<-fnCtx.Done()
+		clientWait(t, fnCtx.Done(), wait, "fn's context to be cancelled by Do's")
 		if cause := context.Cause(fnCtx); cause != stopReason {
 			t.Errorf("fn's cause %v, want Do's cause", cause)
 		}
@@ -490,11 +497,7 @@ func TestTryAcquire(t *testing.T) {
 	}
 	// The busy try left no place in the queue: the lock is free again once
 	// the server has read the release.
-	waitFor(t, "the release to reach the server", func() bool {
-		srv.mu.Lock()
-		defer srv.mu.Unlock()
-		return len(srv.locks) == 0
-	})
+	waitFor(t, "the release to reach the server", func() bool { return len(srv.Locks()) == 0 })
 	l2, err := c.TryAcquire(context.Background(), "t", time.Second)
 	if err != nil {
 		t.Fatalf("TryAcquire after Release = %v", err)
@@ -545,7 +548,7 @@ func TestLostLockKeepsItsConnectionUntilRelease(t *testing.T) {
 			t.Fatal(err)
 		}
 		p.set(down, fault{drop: true}) // the server still hears the client
-		<-l.Done()
+		clientWait(t, l.Done(), wait, "the heartbeat timeout")
 		lost := time.Now()
 		if !errors.Is(l.Err(), ErrHeartbeatTimeout) {
 			t.Fatalf("cause %v, want a heartbeat timeout", l.Err())
@@ -583,7 +586,7 @@ func TestLossWhileFnRunsIsJoinedWithFnError(t *testing.T) {
 	fnErr := errors.New("half done")
 	err := c.Do(context.Background(), "j", time.Minute, func(ctx context.Context, token uint64) error {
 		go srv.Shutdown(context.Background())
-		<-ctx.Done()
+		clientWait(t, ctx.Done(), wait, "fn's context to be cancelled by the shutdown")
 		if !errors.Is(context.Cause(ctx), ErrShuttingDown) {
 			t.Errorf("fn's cause %v", context.Cause(ctx))
 		}
@@ -660,7 +663,7 @@ func TestProtocolViolations(t *testing.T) {
 			})
 			l, err := New(Config{Address: addr}).Acquire(context.Background(), "v", 400*time.Millisecond)
 			if err == nil {
-				<-l.Done()
+				clientWait(t, l.Done(), wait, "the loss")
 				err = l.Err()
 			}
 			if !errors.Is(err, ErrProtocolViolation) {
@@ -700,7 +703,7 @@ func TestValidationBeforeDial(t *testing.T) {
 		{"ok", 0, ErrInvalidLease},
 		{"ok", -time.Second, ErrInvalidLease},
 	} {
-		err := c.DoRetry(context.Background(), tc.name, tc.lease, func(context.Context, uint64) error { return nil })
+		err := c.DoRetry(bounded(t), tc.name, tc.lease, func(context.Context, uint64) error { return nil })
 		if !errors.Is(err, tc.want) || !errors.Is(err, ErrInvalidInput) {
 			t.Errorf("%q, %v: %v, want %v", tc.name, tc.lease, err, tc.want)
 		}
@@ -741,7 +744,7 @@ func TestDoRetry(t *testing.T) {
 			srv.Serve(l)
 		}()
 		runs := 0
-		err := New(Config{Address: addr}).DoRetry(context.Background(), "r", time.Second,
+		err := New(Config{Address: addr}).DoRetry(bounded(t), "r", time.Second,
 			func(context.Context, uint64) error { runs++; return nil })
 		if err != nil || runs != 1 {
 			t.Fatalf("DoRetry = %v after %d runs", err, runs)
@@ -766,12 +769,11 @@ func TestDoRetry(t *testing.T) {
 		done := make(chan error, 1)
 		runs := 0
 		go func() {
-			done <- c.DoRetry(context.Background(), "r", time.Second, func(context.Context, uint64) error { runs++; return nil })
+			done <- c.DoRetry(bounded(t), "r", time.Second, func(context.Context, uint64) error { runs++; return nil })
 		}()
 		waitFor(t, "the client to queue", func() bool {
-			srv.mu.Lock()
-			defer srv.mu.Unlock()
-			return srv.locks["r"] != nil && srv.locks["r"].waiters.Len() == 1
+			l, ok := srv.Lock("r")
+			return ok && len(l.Waiters) == 1
 		})
 		srv.Shutdown(context.Background()) // ERROR 0x01 to the queued client
 		srv2 := &Server{}
@@ -782,7 +784,7 @@ func TestDoRetry(t *testing.T) {
 		})
 		go srv2.Serve(l2)
 		defer srv2.Close()
-		if err := <-done; err != nil || runs != 1 {
+		if err := clientWait(t, done, 2*wait, "DoRetry to return"); err != nil || runs != 1 {
 			t.Fatalf("DoRetry = %v after %d runs", err, runs)
 		}
 		if attempts.Load() < 2 {
@@ -796,7 +798,7 @@ func TestDoRetry(t *testing.T) {
 			ReadFrame(c)
 			writeFrame(c, Frame{Type: TypeError, Code: CodeEmptyName, Reason: "empty lock name"})
 		})
-		err := New(Config{Address: addr}).DoRetry(context.Background(), "x", time.Second,
+		err := New(Config{Address: addr}).DoRetry(bounded(t), "x", time.Second,
 			func(context.Context, uint64) error { t.Error("fn ran"); return nil })
 		if !errors.Is(err, ErrEmptyName) || attempts.Load() != 1 {
 			t.Fatalf("DoRetry = %v after %d attempts, want 0x14 after one", err, attempts.Load())
@@ -806,11 +808,11 @@ func TestDoRetry(t *testing.T) {
 		srv := &Server{}
 		addr := startServer(t, srv)
 		runs := 0
-		err := New(Config{Address: addr}).DoRetry(context.Background(), "once", time.Second,
+		err := New(Config{Address: addr}).DoRetry(bounded(t), "once", time.Second,
 			func(ctx context.Context, token uint64) error {
 				runs++
 				go srv.Shutdown(context.Background())
-				<-ctx.Done()
+				clientWait(t, ctx.Done(), wait, "fn's context to be cancelled by the shutdown")
 				return nil
 			})
 		if !errors.Is(err, ErrLockLost) || runs != 1 {
@@ -828,4 +830,198 @@ func TestDoRetry(t *testing.T) {
 			t.Fatalf("DoRetry = %v, want only the context's deadline", err)
 		}
 	})
+}
+
+// A frame that arrives after the claim's deadline confirms nothing, even
+// if it was already waiting when the deadline passed. The heartbeat's
+// answer is read just before the deadline and then held, on the only
+// processor, until just after it: a client that picks the frame over its
+// own expired deadline would extend the claim with it.
+func TestFrameAfterTheDeadlineConfirmsNothing(t *testing.T) {
+	const lease = 400 * time.Millisecond // deadline 320ms after the ACQUIRE
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	var acquireSent atomic.Pointer[time.Time]
+	addr := fakeServer(t, func(c net.Conn) {
+		if _, err := ReadFrame(c); err != nil {
+			return
+		}
+		answered := time.Now()
+		writeFrame(c, Frame{Type: TypeAcquired, Token: 7})
+		if _, err := ReadFrame(c); err != nil { // the first heartbeat
+			return
+		}
+		time.Sleep(time.Until(answered.Add(lease*8/10 - 3*time.Millisecond)))
+		for writeFrame(c, Frame{Type: TypeAcquired, Token: 7}) == nil {
+			if _, err := ReadFrame(c); err != nil {
+				return
+			}
+		}
+	})
+	reads := 0
+	c := New(Config{Address: addr, Dialer: dialerFunc(func(ctx context.Context, network, address string) (net.Conn, error) {
+		conn, err := (&net.Dialer{}).DialContext(ctx, network, address)
+		return &hookConn{Conn: conn,
+			onWrite: func() {
+				now := time.Now()
+				acquireSent.CompareAndSwap(nil, &now)
+			},
+			onRead: func() {
+				if reads++; reads == 2 { // the heartbeat's answer: hold it past the deadline
+					for until := acquireSent.Load().Add(lease*8/10 + 2*time.Millisecond); time.Now().Before(until); {
+					}
+				}
+			}}, err
+	})})
+	l, err := c.Acquire(context.Background(), "late", lease)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Release()
+	select {
+	case <-l.Done():
+	case <-time.After(lease):
+		t.Fatalf("still held %v after the ACQUIRE: the late answer extended the claim", time.Since(*acquireSent.Load()))
+	}
+	if !errors.Is(l.Err(), ErrHeartbeatTimeout) {
+		t.Fatalf("cause %v, want a heartbeat timeout", l.Err())
+	}
+}
+
+// hookConn calls onWrite before each write and onRead after each read
+// that returned bytes, in the caller's goroutine.
+type hookConn struct {
+	net.Conn
+	onWrite, onRead func()
+}
+
+func (c *hookConn) Write(b []byte) (int, error) {
+	c.onWrite()
+	return c.Conn.Write(b)
+}
+
+func (c *hookConn) Read(b []byte) (int, error) {
+	n, err := c.Conn.Read(b)
+	if n > 0 {
+		c.onRead()
+	}
+	return n, err
+}
+
+// A Dialer may return a tls.Client whose handshake has not run: it then
+// runs inside the first write, and reads. Both the caller's context and
+// the claim's deadline bound it.
+func TestLazyTLSHandshakeIsBounded(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tl := tls.NewListener(l, &tls.Config{})
+	t.Cleanup(func() { tl.Close() })
+	var mu sync.Mutex
+	var held []net.Conn // accepted, never read: the handshake is never answered
+	t.Cleanup(func() {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range held {
+			c.Close()
+		}
+	})
+	go func() {
+		for {
+			c, err := tl.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			held = append(held, c)
+			mu.Unlock()
+		}
+	}()
+	c := New(Config{Address: l.Addr().String(), Dialer: dialerFunc(func(ctx context.Context, network, address string) (net.Conn, error) {
+		raw, err := (&net.Dialer{}).DialContext(ctx, network, address)
+		if err != nil {
+			return nil, err
+		}
+		return tls.Client(raw, &tls.Config{InsecureSkipVerify: true}), nil
+	})})
+	for _, tc := range []struct {
+		name    string
+		ctx     time.Duration // 0: none
+		lease   time.Duration
+		want    error
+		returns time.Duration // at the latest, with a generous margin
+	}{
+		{"the caller's context", 300 * time.Millisecond, time.Hour, context.DeadlineExceeded, 300*time.Millisecond + 3*time.Second},
+		{"the claim's deadline", 0, time.Second, ErrHeartbeatTimeout, 800*time.Millisecond + 3*time.Second},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := context.Background()
+			if tc.ctx > 0 {
+				var cancel context.CancelFunc
+				ctx, cancel = context.WithTimeout(ctx, tc.ctx)
+				defer cancel()
+			}
+			start := time.Now()
+			done := make(chan error, 1)
+			go func() {
+				_, err := c.Acquire(ctx, "tls", tc.lease)
+				done <- err
+			}()
+			select {
+			case err := <-done:
+				if !errors.Is(err, tc.want) {
+					t.Fatalf("Acquire = %v, want %v", err, tc.want)
+				}
+				if d := time.Since(start); d > tc.returns {
+					t.Fatalf("Acquire returned after %v, want within %v", d, tc.returns)
+				}
+			case <-time.After(tc.returns):
+				t.Fatalf("Acquire still waits for the handshake after %v", tc.returns)
+			}
+		})
+	}
+}
+
+// A server that closes the connection before any reply (a plain client
+// against a TLS port, for one) is reported as exactly that.
+func TestClosedBeforeAnyReply(t *testing.T) {
+	check := func(t *testing.T, err error) {
+		t.Helper()
+		if !errors.Is(err, ErrConnectionClosed) || !strings.Contains(err.Error(), "closed by the server before any reply") {
+			t.Fatalf("Acquire = %v, want the connection closed by the server before any reply", err)
+		}
+		if errors.Is(err, ErrLockLost) || errors.Is(err, ErrDial) {
+			t.Fatalf("%v says more than that", err)
+		}
+	}
+	t.Run("plain close", func(t *testing.T) {
+		addr := fakeServer(t, func(c net.Conn) { ReadFrame(c) })
+		_, err := New(Config{Address: addr}).Acquire(context.Background(), "x", time.Second)
+		check(t, err)
+		if !errors.Is(err, io.EOF) {
+			t.Fatalf("%v does not keep io.EOF", err)
+		}
+	})
+	t.Run("TLS server", func(t *testing.T) {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		addr := serveOn(t, &Server{}, tls.NewListener(l, &tls.Config{}))
+		_, err = New(Config{Address: addr}).Acquire(context.Background(), "x", time.Second)
+		check(t, err)
+	})
+}
+
+// clientWait receives from ch within d, or fails the test with what did
+// not happen. Only from the test's goroutine.
+func clientWait[T any](t testing.TB, ch <-chan T, d time.Duration, what string) T {
+	t.Helper()
+	select {
+	case v := <-ch:
+		return v
+	case <-time.After(d):
+		t.Fatalf("gave up after %v waiting for %s", d, what)
+		panic("unreachable")
+	}
 }

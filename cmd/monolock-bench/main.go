@@ -8,6 +8,9 @@
 //	          reply latency, and with -pid the server's memory and CPU
 //	detect    a holder goes silent; the time until its waiter is granted
 //
+// With -client, cycle and handover are measured in turns with the raw
+// protocol and with the Go client's Do, and the ratio of the rates printed.
+//
 // Usage:
 //
 //	monolock-bench [flags] cycle|handover|hold|detect
@@ -15,6 +18,7 @@ package main
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
 	"flag"
 	"fmt"
@@ -42,7 +46,8 @@ type config struct {
 	Locks    int           `json:"locks"`
 	Lease    time.Duration `json:"lease"`
 	Sources  int           `json:"sources"`
-	First    int           `json:"first"` // index of this process's first session (workers)
+	Client   bool          `json:"client"` // through the Go client's Do instead of the raw protocol
+	First    int           `json:"first"`  // index of this process's first session (workers)
 }
 
 func main() {
@@ -55,6 +60,7 @@ func main() {
 	fs.IntVar(&c.Locks, "locks", 0, "locks the sessions share (hold; 0: one each, all holders)")
 	fs.DurationVar(&c.Lease, "lease", 5*time.Second, "lease of every session")
 	fs.IntVar(&c.Sources, "sources", 1, "loopback source addresses to spread connections over: 127.0.0.1, 127.0.0.2, ...")
+	fs.BoolVar(&c.Client, "client", false, "cycle, handover: measure the raw protocol and the Go client's Do in turn, and their ratio")
 	procs := fs.Int("procs", 1, "worker processes to split the connections over (cycle, hold)")
 	pid := fs.Int("pid", 0, "the server's process id, to report its memory and CPU (hold)")
 	worker := fs.Bool("worker", false, "run as a worker process of another monolock-bench (internal)")
@@ -89,10 +95,11 @@ func main() {
 		scenario, c.Addr, limit, *procs, c.Sources)
 	switch scenario {
 	case "cycle":
-		r := split(c, *procs, scenario, c.Workers, nil)
-		r.print("acquire-release cycles (dial, ACQUIRE, ACQUIRED, close)", c.Duration)
+		sideBySide(c, "acquire-release cycles (dial, ACQUIRE, ACQUIRED, close)", func(c config) result {
+			return split(c, *procs, scenario, c.Workers, nil)
+		})
 	case "handover":
-		handover(c).print("handovers (holder's close to the next holder's ACQUIRED)", c.Duration)
+		sideBySide(c, "handovers (holder's close to the next holder's ACQUIRED)", handover)
 	case "hold":
 		var idle, loaded procStat
 		if *pid != 0 {
@@ -123,6 +130,36 @@ func main() {
 		fs.Usage()
 		os.Exit(2)
 	}
+}
+
+// sideBySide runs measure once, or with -client in turns of 250ms, raw,
+// Do, raw, Do..., so that a change in the machine's load weighs on both
+// alike; it prints each and the ratio of the rates.
+func sideBySide(c config, what string, measure func(config) result) {
+	if !c.Client {
+		measure(c).print(what, c.Duration)
+		return
+	}
+	var raw, do result
+	half := c
+	half.Duration = 250 * time.Millisecond
+	for range max(1, c.Duration/(2*half.Duration)) {
+		half.Client = false
+		raw.merge(measure(half))
+		half.Client = true
+		do.merge(measure(half))
+	}
+	raw.print("raw protocol: "+what, c.Duration)
+	do.print("Go client Do: "+what, c.Duration)
+	fmt.Printf("ratio Do/raw: %.3f\n", float64(len(do.Samples))/float64(max(len(raw.Samples), 1)))
+}
+
+func (r *result) merge(o result) {
+	r.Samples = append(r.Samples, o.Samples...)
+	r.Errors += o.Errors
+	r.Opened += o.Opened
+	r.Failed += o.Failed
+	r.RampUp = max(r.RampUp, o.RampUp)
 }
 
 // result is what a scenario measured; workers send it as JSON.
@@ -185,7 +222,7 @@ func split(c config, procs int, scenario string, n int, ready func()) result {
 		wg.Go(func() {
 			args := []string{"-worker", "-addr", wc.Addr, "-n", strconv.Itoa(wc.Workers), "-d", wc.Duration.String(),
 				"-sessions", strconv.Itoa(wc.Sessions), "-locks", strconv.Itoa(wc.Locks), "-lease", wc.Lease.String(),
-				"-sources", strconv.Itoa(wc.Sources), scenario}
+				"-sources", strconv.Itoa(wc.Sources), "-client=" + strconv.FormatBool(wc.Client), scenario}
 			cmd := exec.Command(os.Args[0], args...)
 			cmd.Env = append(os.Environ(), "MONOLOCK_BENCH_FIRST="+strconv.Itoa(wc.First))
 			cmd.Stderr = os.Stderr
@@ -213,11 +250,7 @@ func split(c config, procs int, scenario string, n int, ready func()) result {
 				merged.Errors++
 				return
 			}
-			merged.Samples = append(merged.Samples, r.Samples...)
-			merged.Errors += r.Errors
-			merged.Opened += r.Opened
-			merged.Failed += r.Failed
-			merged.RampUp = max(merged.RampUp, r.RampUp)
+			merged.merge(r)
 		})
 	}
 	wg.Wait()
@@ -235,6 +268,11 @@ func dial(c config) (net.Conn, error) {
 	}
 	return d.Dial("tcp", c.Addr)
 }
+
+// dialer is dial for the Go client.
+type dialer struct{ c config }
+
+func (d dialer) DialContext(context.Context, string, string) (net.Conn, error) { return dial(d.c) }
 
 func acquireFrame(name string, lease time.Duration) []byte {
 	b, _ := monolock.Frame{Type: monolock.TypeAcquire, LeaseMS: uint32(lease / time.Millisecond), Name: name}.AppendBinary(nil)
@@ -261,7 +299,8 @@ func cycle(c config) result {
 	var r result
 	var mu sync.Mutex
 	end := time.Now().Add(c.Duration)
-	prefix := "cycle-" + os.Getenv("MONOLOCK_BENCH_FIRST") + "-"
+	prefix := "cycle-" + os.Getenv("MONOLOCK_BENCH_FIRST") + "-" + strconv.FormatInt(time.Now().UnixNano(), 36) + "-" // names of this turn alone
+	client := monolock.New(monolock.Config{Address: c.Addr, Dialer: dialer{c}})
 	var wg sync.WaitGroup
 	for w := range c.Workers {
 		wg.Go(func() {
@@ -269,6 +308,17 @@ func cycle(c config) result {
 			errs := 0
 			for i := 0; time.Now().Before(end); i++ {
 				start := time.Now()
+				if c.Client {
+					var took time.Duration
+					err := client.Do(context.Background(), prefix+strconv.Itoa(w)+"-"+strconv.Itoa(i), c.Lease,
+						func(context.Context, uint64) error { took = time.Since(start); return nil })
+					if err != nil {
+						errs++
+					} else {
+						samples = append(samples, took)
+					}
+					continue
+				}
 				conn, err := dial(c)
 				if err != nil {
 					errs++
@@ -298,10 +348,27 @@ func handover(c config) result {
 	var grants []grant
 	errs := 0
 	end := time.Now().Add(c.Duration)
+	client := monolock.New(monolock.Config{Address: c.Addr, Dialer: dialer{c}})
 	var wg sync.WaitGroup
 	for range c.Workers {
 		wg.Go(func() {
 			for time.Now().Before(end) {
+				if c.Client {
+					var g grant
+					err := client.Do(context.Background(), "handover", c.Lease, func(context.Context, uint64) error {
+						g.granted = time.Now()
+						g.released = time.Now()
+						return nil
+					})
+					mu.Lock()
+					if err != nil {
+						errs++
+					} else {
+						grants = append(grants, g)
+					}
+					mu.Unlock()
+					continue
+				}
 				conn, err := dial(c)
 				if err != nil {
 					mu.Lock()

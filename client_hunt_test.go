@@ -1,0 +1,323 @@
+package monolock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+)
+
+// TestClientRaceHunt drives Do clients against a real Server, in fake
+// time, through in-memory connections that suffer faults (delays, lost
+// server frames, lost client frames, both, cuts) and a shutdown at a
+// random moment, and checks the client's promise: fn never runs after the
+// moment the server grants the lock to the next holder (fn's stop time
+// against the next grant's, both in fake time). A run is a seed; the plan
+// of faults and timings follows from it (the interleaving of goroutines
+// at one instant is the runtime's). MONOLOCK_HUNT_SEEDS=N runs seeds 0 to
+// N-1, MONOLOCK_HUNT_SEED=S only S.
+func TestClientRaceHunt(t *testing.T) {
+	first, n := uint64(0), uint64(40)
+	if s, err := strconv.ParseUint(os.Getenv("MONOLOCK_HUNT_SEEDS"), 10, 64); err == nil {
+		n = s
+	}
+	if s, err := strconv.ParseUint(os.Getenv("MONOLOCK_HUNT_SEED"), 10, 64); err == nil {
+		first, n = s, 1
+	}
+	var total huntStats
+	for seed := first; seed < first+n; seed++ {
+		synctest.Test(t, func(t *testing.T) {
+			st, bad := huntDoClients(seed)
+			if bad != "" {
+				t.Errorf("seed %d (rerun: MONOLOCK_HUNT_SEED=%d go test -run ClientRaceHunt): %s", seed, seed, bad)
+			}
+			total.runs, total.losses, total.grants = total.runs+st.runs, total.losses+st.losses, total.grants+st.grants
+		})
+	}
+	t.Logf("%d seeds: %d grants, fn ran %d times, %d of them told of a loss", n, total.grants, total.runs, total.losses)
+	// A hunt that never loses a lock checks nothing.
+	if n >= 10 && (total.runs < 10*int(n) || total.losses < int(n)) {
+		t.Fatalf("too little happened: %+v", total)
+	}
+}
+
+type huntStats struct{ runs, losses, grants int }
+
+// run is one execution of fn.
+type run struct {
+	client      int
+	lock        string
+	token       uint64
+	start, stop time.Time
+	told        time.Time // of the loss, or zero
+	cutAt       time.Time // when the plan cuts the connection, or zero
+	cause       error
+}
+
+// huntDoClients runs one seed and returns what went wrong, or "".
+func huntDoClients(seed uint64) (st huntStats, bad string) {
+	rng := rand.New(rand.NewPCG(seed, 0x6d6f6e6f6c6f636b))
+	var mu sync.Mutex // guards grants, runs, plans
+	var grants []Event
+	var runs []run
+	var plans []string
+	srv := &Server{IOTimeout: time.Second, OnEvent: func(ev Event) {
+		if ev.Type == EventGranted {
+			mu.Lock()
+			grants = append(grants, ev)
+			mu.Unlock()
+		}
+	}}
+	l := newFaultyListener()
+	defer func() { // frees the relays that play a partition or a delay
+		close(l.quit)
+		l.relays.Wait()
+	}()
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(l) }()
+
+	start := time.Now()
+	end := start.Add(time.Duration(20+rng.IntN(40)) * time.Second)
+	locks := []string{"a", "b"}[:1+rng.IntN(2)]
+	var wg sync.WaitGroup
+	for id := range 3 + rng.IntN(6) {
+		crng := rand.New(rand.NewPCG(seed, uint64(id)))
+		var conns int
+		var cutAt time.Time // of the last connection
+		c := New(Config{Address: "pipe", Dialer: dialerFunc(func(ctx context.Context, _, _ string) (net.Conn, error) {
+			conns++
+			var client net.Conn
+			var plan string
+			client, plan, cutAt = faultyPipe(l, rand.New(rand.NewPCG(seed, uint64(id)<<32|uint64(conns))), start)
+			mu.Lock()
+			plans = append(plans, fmt.Sprintf("  client %d, connection %d: %s\n", id, conns, plan))
+			mu.Unlock()
+			return client, nil
+		})})
+		wg.Go(func() {
+			for time.Now().Before(end) {
+				lease := time.Duration(200+crng.IntN(2800)) * time.Millisecond
+				work := time.Duration(crng.Int64N(int64(3 * lease)))
+				stopping := time.Duration(crng.Int64N(int64(lease / 10)))
+				name := locks[crng.IntN(len(locks))]
+				ctx, cancel := context.WithTimeout(context.Background(), time.Duration(1+crng.IntN(10))*time.Second)
+				c.Do(ctx, name, lease, func(ctx context.Context, token uint64) error {
+					r := run{client: id, lock: name, token: token, start: time.Now(), cutAt: cutAt}
+					select {
+					case <-time.After(work):
+					case <-ctx.Done():
+						r.cause, r.told = context.Cause(ctx), time.Now()
+						// After a loss, work that takes a moment to stop; but not
+						// after a cut, which the server hears at the same
+						// instant, nor after Do's own ctx ended (a graceful
+						// stop, after which a cut would not be told).
+						if errors.Is(r.cause, ErrLockLost) && !errors.Is(r.cause, ErrConnectionClosed) {
+							time.Sleep(stopping)
+						}
+					}
+					r.stop = time.Now()
+					mu.Lock()
+					runs = append(runs, r)
+					mu.Unlock()
+					return nil
+				})
+				cancel()
+				time.Sleep(time.Duration(crng.IntN(300)) * time.Millisecond)
+			}
+		})
+	}
+	if rng.IntN(3) == 0 { // a shutdown at a random moment
+		time.Sleep(time.Duration(rng.Int64N(int64(end.Sub(start)))))
+	} else {
+		time.Sleep(end.Sub(start))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := srv.Shutdown(ctx); err != nil {
+		return st, fmt.Sprintf("Shutdown: %v", err)
+	}
+	wg.Wait()
+	if err := <-served; !errors.Is(err, ErrServerClosed) {
+		return st, fmt.Sprintf("Serve returned %v", err)
+	}
+
+	mu.Lock()
+	defer mu.Unlock()
+	at := func(tm time.Time) time.Duration { return tm.Sub(start) }
+	st.runs, st.grants = len(runs), len(grants)
+	for _, r := range runs {
+		if r.cause != nil && errors.Is(r.cause, ErrLockLost) {
+			st.losses++
+		}
+		i := slices.IndexFunc(grants, func(g Event) bool { return g.Lock == r.lock && g.Token == r.token })
+		if i < 0 {
+			return st, fmt.Sprintf("client %d ran fn with token %d of %q, which the server never granted", r.client, r.token, r.lock)
+		}
+		for _, g := range grants[i+1:] {
+			// A cut reaches both ends at once: work told of a loss
+			// before it may still be stopping when the server, hearing
+			// the cut, grants the lock again at that instant.
+			stopping := !r.told.IsZero() && r.told.Before(r.cutAt) && g.Time.Equal(r.cutAt)
+			if g.Lock == r.lock && g.Time.Before(r.stop) && !stopping {
+				return st, fmt.Sprintf("client %d's fn (token %d of %q, from %v) stopped at %v (cause %v), but the server granted token %d at %v; the plans:\n%s",
+					r.client, r.token, r.lock, at(r.start), at(r.stop), r.cause, g.Token, at(g.Time), strings.Join(plans, ""))
+			}
+		}
+	}
+	return st, ""
+}
+
+// faultyListener is a net.Listener of in-memory connections, each through
+// a relay that injects faults (see faultyPipe).
+type faultyListener struct {
+	conns  chan net.Conn
+	closed chan struct{}
+	once   sync.Once
+	quit   chan struct{} // closed at the end of the run
+	relays sync.WaitGroup
+}
+
+func newFaultyListener() *faultyListener {
+	return &faultyListener{conns: make(chan net.Conn), closed: make(chan struct{}), quit: make(chan struct{})}
+}
+
+func (l *faultyListener) Accept() (net.Conn, error) {
+	select {
+	case c := <-l.conns:
+		return c, nil
+	case <-l.closed:
+		return nil, net.ErrClosed
+	}
+}
+
+func (l *faultyListener) Close() error {
+	l.once.Do(func() { close(l.closed) })
+	return nil
+}
+
+func (l *faultyListener) Addr() net.Addr { return pipeAddr("pipe") }
+
+// faultyPipe connects a client to l through a relay that follows a plan
+// drawn from rng, and returns the client's end and the plan's wording. A
+// plan is up to two changes of the delays in each direction, then perhaps
+// one end: the loss of all bytes one way or both (for good, as in a
+// partition: a stream that lost bytes cannot resume), or a cut.
+func faultyPipe(l *faultyListener, rng *rand.Rand, start time.Time) (_ net.Conn, plan string, cutAt time.Time) {
+	client, relayC := net.Pipe()
+	relayS, server := net.Pipe()
+	type phase struct {
+		at    time.Time
+		delay [2]time.Duration // by direction: up, down
+	}
+	var phases []phase
+	var steps []string
+	at := time.Now()
+	for range rng.IntN(3) {
+		at = at.Add(time.Duration(rng.Int64N(int64(1500 * time.Millisecond))))
+		var p phase
+		p.at = at
+		for dir := range 2 {
+			if rng.IntN(2) == 0 {
+				p.delay[dir] = time.Duration(rng.Int64N(int64(time.Second)))
+			}
+		}
+		phases = append(phases, p)
+		steps = append(steps, fmt.Sprintf("from %v delay up %v, down %v", at.Sub(start), p.delay[up], p.delay[down]))
+	}
+	at = at.Add(time.Duration(rng.Int64N(int64(1500 * time.Millisecond))))
+	var mute [2]bool
+	var cut bool
+	switch rng.IntN(6) {
+	case 1:
+		mute[up] = true
+		steps = append(steps, fmt.Sprintf("from %v drop client bytes", at.Sub(start)))
+	case 2:
+		mute[down] = true
+		steps = append(steps, fmt.Sprintf("from %v drop server bytes", at.Sub(start)))
+	case 3:
+		mute = [2]bool{true, true}
+		steps = append(steps, fmt.Sprintf("from %v drop all bytes", at.Sub(start)))
+	case 4:
+		cut = true
+		steps = append(steps, fmt.Sprintf("cut at %v", at.Sub(start)))
+	}
+	delay := func(dir int, now time.Time) (d time.Duration) {
+		for _, p := range phases {
+			if !now.Before(p.at) {
+				d = p.delay[dir]
+			}
+		}
+		return d
+	}
+	var once sync.Once
+	closeAll := func() {
+		once.Do(func() {
+			relayC.Close()
+			relayS.Close()
+		})
+	}
+	if cut {
+		cutAt = at
+		time.AfterFunc(time.Until(at), closeAll) // both ends hear it at the same instant
+	}
+	pump := func(src, dst net.Conn, dir int) {
+		type chunk struct {
+			b   []byte
+			due time.Time
+		}
+		chunks := make(chan chunk, 1024)
+		l.relays.Go(func() {
+			for c := range chunks {
+				select {
+				case <-time.After(time.Until(c.due)):
+				case <-l.quit:
+				}
+				if _, err := dst.Write(c.b); err != nil {
+					break
+				}
+			}
+			closeAll()
+			for range chunks {
+			}
+		})
+		buf := make([]byte, 512)
+		for {
+			n, err := src.Read(buf)
+			now := time.Now()
+			if mute[dir] && !now.Before(at) {
+				if err != nil {
+					// A partition loses the end of the stream too: the other
+					// side hears nothing until its own timeouts.
+					<-l.quit
+					close(chunks)
+					return
+				}
+				continue
+			}
+			if n > 0 {
+				chunks <- chunk{append([]byte(nil), buf[:n]...), now.Add(delay(dir, now))}
+			}
+			if err != nil {
+				close(chunks)
+				return
+			}
+		}
+	}
+	l.relays.Go(func() { pump(relayC, relayS, up) })
+	l.relays.Go(func() { pump(relayS, relayC, down) })
+	select {
+	case l.conns <- server:
+	case <-l.closed:
+		server.Close()
+	}
+	return client, strings.Join(steps, ", then "), cutAt
+}
