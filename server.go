@@ -30,7 +30,9 @@ import (
 //     rest to end. Out of the table, no promotion can reach it and no token
 //     is spent on it.
 //  5. After the final frame, or a failed write, nothing is written (final,
-//     under wmu): a push decided before the session left stays unsent.
+//     under wmu); once Shutdown or an administrator has taken a session out
+//     of the table (stop), it is sent only its final frame: neither a push
+//     decided before it left nor the answer to a frame it already sent.
 //  6. Shutdown and administrators set s.stop under srv.mu, then a past read
 //     deadline. Whoever re-arms a read deadline checks s.stop afterwards, so
 //     either it sees the flag or the past deadline overrides its own.
@@ -112,6 +114,7 @@ type session struct {
 	name     string        // set before the session joins the table
 	lease    time.Duration // likewise
 	stop     atomic.Uint32 // the Code that Shutdown or an administrator ended it with (rule 6)
+	wtimeout atomic.Bool   // a write took longer than the io-timeout
 
 	lock  *lock         // guarded by srv.mu (rule 3)
 	elem  *list.Element // guarded by srv.mu; non-nil while waiting
@@ -558,10 +561,11 @@ func (s *session) end(why error) {
 	srv := s.srv
 	if err := s.stopped(); err != nil {
 		why = err // whatever else went wrong came of being stopped
+	} else if s.wtimeout.Load() {
+		why = errIOTimeout // a push to it failed, and closed the connection
 	}
 	srv.mu.Lock()
 	next, token := srv.leaveLocked(s, why)
-	delete(srv.sessions, s)
 	srv.mu.Unlock()
 	if next != nil {
 		next.push(token)
@@ -574,6 +578,9 @@ func (s *session) end(why error) {
 	s.final = true
 	s.wmu.Unlock()
 	closeConn(s.conn)
+	srv.mu.Lock()
+	delete(srv.sessions, s) // only now: Close must reach a final frame's write
+	srv.mu.Unlock()
 	if log := srv.log(); log.Enabled(context.Background(), slog.LevelDebug) {
 		log.Debug("session ended", "remote", s.remote, "lock", s.name, "why", why)
 	}
@@ -644,7 +651,7 @@ func releaseReason(why error) string {
 func (s *session) push(token uint64) {
 	s.wmu.Lock()
 	defer s.wmu.Unlock()
-	if !s.final && s.writeAcquiredLocked(token) != nil {
+	if !s.final && s.stop.Load() == 0 && s.writeAcquiredLocked(token) != nil {
 		closeConn(s.conn)
 	}
 }
@@ -653,6 +660,9 @@ func (s *session) push(token uint64) {
 func (s *session) writeState() error {
 	s.wmu.Lock()
 	defer s.wmu.Unlock()
+	if err := s.stopped(); err != nil { // rule 5
+		return err
+	}
 	token := s.token.Load()
 	if token == 0 {
 		return s.writeLocked(append(s.wbuf[:0], TypeWaiting))
@@ -682,6 +692,7 @@ func (s *session) writeLocked(b []byte) error {
 	_, err := s.conn.Write(b)
 	if err != nil {
 		s.final = true // the stream may end mid-frame: rule 5
+		s.wtimeout.Store(isTimeout(err))
 	}
 	return err
 }
