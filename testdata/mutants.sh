@@ -34,14 +34,14 @@ mutant lifo-promotion server.go 'TestFIFOOrderAndLeavingFromTheMiddle|TestLockTa
   'l.waiters.Front(); front != nil' \
   'l.waiters.Back(); front != nil'
 mutant missing-push server.go 'TestGrantWaitAndPushPromotion' . \
-  'next.push(token)' \
-  '_ = token'
+  $'next.push(token)\n\t}\n\ts.wmu.Lock()' \
+  $'_ = token\n\t}\n\ts.wmu.Lock()'
 mutant reused-token server.go 'TestGrantWaitAndPushPromotion' . \
-  'next.push(token)' \
-  'next.push(s.token.Load()); _ = token'
+  $'next.push(token)\n\t}\n\ts.wmu.Lock()' \
+  $'next.push(s.token.Load())\n\t}\n\ts.wmu.Lock()'
 mutant push-under-the-mutex server.go 'TestBlockedPromotionPushDelaysNobody' . \
-  'next.push(token)' \
-  'srv.mu.Lock(); next.push(token); srv.mu.Unlock()'
+  $'next.push(token)\n\t}\n\ts.wmu.Lock()' \
+  $'srv.mu.Lock(); next.push(token); srv.mu.Unlock()\n\t}\n\ts.wmu.Lock()'
 mutant lease-not-refreshed server.go 'TestHeartbeatsKeepAShortLeaseAlive' . \
   'deadline = seen.Add(lease)' \
   '_ = seen'
@@ -55,14 +55,45 @@ mutant promotion-during-shutdown server.go 'TestShutdownSendsShuttingDownToEvery
   'front != nil && !srv.closing.Load()' \
   'front != nil'
 mutant duplicate-acquire-wrong-code server.go 'TestErrorsAfterTheGrant' . \
-  's.fail(ErrDuplicateAcquire)' \
-  's.fail(unknownType(typ))'
+  'return deadline, ErrDuplicateAcquire' \
+  'return deadline, unknownType(typ)'
 mutant kick-wakes-nobody server.go 'TestForceReleaseAndKickWaiter' . \
-  's.conn.SetReadDeadline(time.Unix(1, 0))' \
-  '_ = s'
+  $'s.conn.SetReadDeadline(time.Unix(1, 0)) // rule 6\n' \
+  $'_ = s\n'
 mutant authorize-without-identity server.go 'TestMutualTLSIdentitiesAndRules' ./cmd/monolock \
   '!srv.Authorize(s.identity, f.Name)' \
   '!srv.Authorize("", f.Name)'
+# Issue 13: the races between behaviours.
+mutant push-after-final-frame server.go 'TestWaiterEndingAsHolderLeaves|TestRaceHunt' . \
+  'if !s.final && s.stop.Load() == 0 && s.writeAcquiredLocked(token) != nil {' \
+  'if s.stop.Load() == 0 && s.writeAcquiredLocked(token) != nil {'
+mutant push-after-force-release server.go 'TestInterleavingPushAfterForceRelease' . \
+  'if !s.final && s.stop.Load() == 0 && s.writeAcquiredLocked(token) != nil {' \
+  'if !s.final && s.writeAcquiredLocked(token) != nil {'
+mutant heartbeat-reply-after-stop server.go 'TestInterleavingHeartbeatReplyAfterForceRelease' . \
+  $'if err := s.stopped(); err != nil { // rule 5\n\t\treturn err\n\t}' \
+  ''
+mutant kick-leaves-waiter-queued server.go 'TestWaiterEndingAsHolderLeaves|TestRaceHunt' . \
+  'next, token := srv.stopLocked(s, CodeClosedByAdmin)' \
+  's.stop.Store(uint32(CodeClosedByAdmin)); var next *session; var token uint64'
+mutant force-release-ignores-token server.go 'TestForceReleaseByToken' . \
+  'case token != 0 && h.token.Load() != token:' \
+  'case false:'
+mutant events-unbounded server.go 'TestStalledOnEventIsBounded' . \
+  'if len(srv.events) >= maxQueuedEvents {' \
+  'if false {'
+mutant shutdown-unbounded server.go 'TestInterleavingShutdownExceedsIOTimeout|TestShutdownWithTLSClientsIsBounded' . \
+  'bound := time.NewTimer(srv.ioTimeout())' \
+  'bound := time.NewTimer(time.Hour)'
+mutant tls-close-notify server.go 'TestShutdownWithTLSClientsIsBounded' . \
+  'c = tc.NetConn()' \
+  '_ = tc'
+mutant sessions-forgotten-before-final-frame server.go 'TestInterleavingShutdownIgnoresContext' . \
+  $'\tsrv.mu.Lock()\n\tnext, token := srv.leaveLocked(s, why)' \
+  $'\tsrv.mu.Lock()\n\tdelete(srv.sessions, s)\n\tnext, token := srv.leaveLocked(s, why)'
+mutant push-timeout-released-graceful server.go 'TestInterleavingPushTimeoutReleaseReason' . \
+  's.wtimeout.Store(isTimeout(err))' \
+  '_ = err'
 
 # --- The wire format (protocol.go) ---
 mutant little-endian-lease protocol.go 'TestVectors|TestFrameBytes' . \
@@ -82,35 +113,53 @@ mutant lease-zero-accepted protocol.go 'TestErrorCodes' . \
   'if f.LeaseMS == 0 && false {'
 
 # --- The client (client.go) ---
-mutant client-timeout-from-reply-arrival client.go 'TestHolderStopsBeforeTheServerReleases' . \
-  'confirmed = lastSend' \
-  'confirmed = at'
+mutant client-timeout-from-reply-arrival client.go 'TestHolderStopsBeforeTheServerReleases|TestSyncTimeoutCountsFromTheConfirmedSend' . \
+  'l.inflight, l.confirmed = false, l.lastSend' \
+  'l.inflight, l.confirmed = false, at'
 mutant client-abandons-at-full-lease client.go 'TestHolderStopsBeforeTheServerReleases' . \
   'timeout := l.lease / 5 * 4' \
   'timeout := l.lease'
-mutant push-taken-as-reply client.go 'TestPushAfterLostHeartbeatConfirmsNothing' . \
-  'grant(f.Token) // the push' \
-  'grant(f.Token); confirm(r.at) // the push'
+mutant push-taken-as-reply client.go 'TestPushAfterLostHeartbeatConfirmsNothing|TestSyncPushConfirmsNothing' . \
+  'l.st, l.token = holding, f.Token // the push' \
+  'l.st, l.token, l.inflight, l.confirmed = holding, f.Token, false, l.lastSend // the push'
+mutant late-frame-confirms client.go 'TestFrameAfterTheDeadlineConfirmsNothing|TestSyncLateFrameConfirmsNothing' . \
+  'case !now.Before(deadline):' \
+  'case false:'
+mutant no-linger-after-loss client.go 'TestLostLockKeepsItsConnectionUntilRelease|TestHolderStopsBeforeTheServerReleases' . \
+  'if lost {' \
+  'if false {'
 mutant do-keeps-fn-running-after-loss client.go 'TestLossWhileFnRunsIsJoinedWithFnError|TestCutConnectionCancelsAtOnce|TestHolderStopsBeforeTheServerReleases' . \
-  'fnCtx, cancel := context.WithCancelCause(l.ctx)' \
-  'fnCtx, cancel := context.WithCancelCause(context.WithoutCancel(l.ctx))'
+  'l.cancel(cause)' \
+  '_ = cause'
 mutant retry-client-errors client.go 'TestDoRetry' . \
   'case isServerErr && se.Temporary(),' \
   'case isServerErr,'
+mutant retry-wait-below-base client.go 'TestSyncDoRetryBackoff' . \
+  'time.NewTimer(backoff + rand.N(backoff/2))' \
+  'time.NewTimer(backoff/2 + rand.N(backoff/2))'
 mutant waiting-after-acquired-accepted client.go 'TestProtocolViolations' . \
-  'case f.Type == TypeWaiting && st == holding:' \
-  'case f.Type == TypeWaiting && st == holding && false:'
+  'case f.Type == TypeWaiting && l.st == holding:' \
+  'case f.Type == TypeWaiting && l.st == holding && false:'
 
 # --- The binary (cmd/monolock) ---
-mutant no-sigkill-after-grace cmd/monolock/run.go 'TestRunLostLockStopsTheCommand' ./cmd/monolock \
+mutant no-sigkill-after-grace cmd/monolock/run.go 'TestRunLostLockStopsTheCommand|TestRunKillsTheGroupAfterGraceWhenTheFirstProcessExited' ./cmd/monolock \
   'syscall.Kill(group, syscall.SIGKILL)' \
   'kill = nil'
+mutant lock-released-before-the-group-is-gone cmd/monolock/run.go 'TestRunHoldsTheLockUntilTheGroupIsGone' ./cmd/monolock \
+  'if err := syscall.Kill(group, 0); err == syscall.ESRCH {' \
+  'if err := syscall.Kill(group, 0); true || err == syscall.ESRCH {'
 mutant audit-lines-out-of-order cmd/monolock/main.go 'TestAuditLog' ./cmd/monolock \
   'srv.OnEvent = audit.event' \
   'srv.OnEvent = func(ev monolock.Event) { go audit.event(ev) }'
 mutant lost-command-status-passed-on cmd/monolock/run.go 'TestRunLostLockStopsTheCommand' ./cmd/monolock \
   'if l.Err() != nil { // lost' \
   'if false { // lost'
+mutant admin-accepts-cross-origin cmd/monolock/admin_guard.go 'TestAdminRefusesCrossOriginAndForeignHosts' ./cmd/monolock \
+  'inner := cop.Handler(h)' \
+  'inner := h; _ = cop'
+mutant no-parent-death-signal cmd/monolock/run_linux.go 'TestRunKilledTakesCommandWithIt' ./cmd/monolock \
+  'a.Pdeathsig = syscall.SIGKILL' \
+  '_ = a'
 
 scratch=$(mktemp -d "${TMPDIR:-/tmp}/monolock-mutants.XXXXXX")
 trap 'rm -rf "$scratch"' EXIT
