@@ -101,8 +101,8 @@ func (c *Client) DoRetry(ctx context.Context, name string, lease time.Duration, 
 		case isServerErr && se.Code == CodeShuttingDown && !again:
 			again = true // at once, but only once in a row: a server may say it forever
 			continue
-		case isServerErr && se.Temporary(), errors.Is(err, ErrDial),
-			errors.Is(err, ErrConnectionClosed), errors.Is(err, ErrHeartbeatTimeout):
+		case isServerErr && se.Temporary(), errors.Is(err, ErrDial), errors.Is(err, ErrHeartbeatTimeout),
+			errors.Is(err, ErrConnectionClosed) && !errors.Is(err, errNoReply):
 		default:
 			return err
 		}
@@ -319,7 +319,7 @@ func (l *Lock) send(b []byte, deadline time.Time) error {
 	if _, err := l.conn.Write(b); os.IsTimeout(err) { // the write deadline is the claim's
 		return ErrHeartbeatTimeout
 	} else if err != nil {
-		return &closedError{"", err}
+		return &closedError{"", err, false}
 	}
 	return nil
 }
@@ -333,6 +333,9 @@ func (l *Lock) read(deadline time.Time) (Frame, error) {
 		// Decided on the type byte alone: a client frame's body would be
 		// read as one and could wait for bytes that never come.
 		return Frame{}, violation("type byte 0x%02x from the server", typ[0])
+	case err == nil && typ[0] != TypeError && !l.inflight && l.st != queued:
+		return Frame{}, violation("unsolicited frame 0x%02x", typ[0]) // likewise
+
 	case err == nil:
 		l.readBy(deadline)
 		var f Frame
@@ -347,15 +350,17 @@ func (l *Lock) read(deadline time.Time) (Frame, error) {
 	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
 		by = " by the server"
 	}
-	if l.st == connecting {
-		by += " before any reply" // what a TLS mismatch looks like from here
+	if l.st == connecting { // what a TLS mismatch looks like from here
+		return Frame{}, &closedError{by + " before any reply", err, true}
 	}
-	return Frame{}, &closedError{by, err}
+	return Frame{}, &closedError{by, err, false}
 }
 
 // judge acts on a frame read at at.
 func (l *Lock) judge(f Frame, at time.Time) error {
 	switch {
+	case f.Type == TypeAcquired && f.Token == 0:
+		return violation("token 0") // fencing takes 0 for no token
 	case f.Type == TypeError:
 		return &ServerError{Code: f.Code, Reason: strings.ToValidUTF8(f.Reason, string(utf8.RuneError))}
 	case f.Type == TypeAcquired && l.st == queued:
@@ -441,12 +446,19 @@ func (e *dialError) Error() string        { return e.err.Error() }
 func (e *dialError) Unwrap() error        { return e.err }
 func (e *dialError) Is(target error) bool { return target == ErrDial }
 
+// errNoReply marks a connection that the server closed before any reply:
+// the same bytes would meet the same end, so DoRetry does not retry it.
+var errNoReply = errors.New("monolock: closed before any reply")
+
 // closedError is ErrConnectionClosed and its cause; worded only when read,
 // since after Release nobody reads it.
 type closedError struct {
-	by  string
-	err error
+	by      string
+	err     error
+	noReply bool
 }
+
+func (e *closedError) Is(target error) bool { return e.noReply && target == errNoReply }
 
 func (e *closedError) Error() string {
 	return ErrConnectionClosed.Error() + e.by + ": " + e.err.Error()

@@ -275,9 +275,9 @@ func ValidateLease(lease time.Duration) error {
 	case lease < time.Millisecond:
 		return fmt.Errorf("%w: %w: %v is less than 1ms", ErrInvalidInput, ErrInvalidLease, lease)
 	case lease > MaxLease:
-		return fmt.Errorf("%w: lease %v is longer than the protocol's %v", ErrInvalidInput, lease, MaxLease)
+		return fmt.Errorf("%w: %w: %v is longer than the protocol's %v", ErrInvalidInput, ErrInvalidLease, lease, MaxLease)
 	case lease%time.Millisecond != 0:
-		return fmt.Errorf("%w: lease %v is not a whole number of milliseconds", ErrInvalidInput, lease)
+		return fmt.Errorf("%w: %w: %v is not a whole number of milliseconds", ErrInvalidInput, ErrInvalidLease, lease)
 	}
 	return nil
 }
