@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"runtime"
+	"strings"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -21,6 +22,7 @@ type stepConn struct {
 	log     *writeLog
 	onRead  func(b []byte) // after a read that returned bytes
 	onSetRD func()
+	onWrite func(b []byte, err error) // after a write, before it returns
 }
 
 func (c *stepConn) Read(b []byte) (int, error) {
@@ -40,7 +42,11 @@ func (c *stepConn) SetReadDeadline(t time.Time) error {
 
 func (c *stepConn) Write(b []byte) (int, error) {
 	c.log.add(fmt.Sprintf("write %s: type 0x%02x % x", c.name, b[0], b))
-	return c.Conn.Write(b)
+	n, err := c.Conn.Write(b)
+	if c.onWrite != nil {
+		c.onWrite(b, err)
+	}
+	return n, err
 }
 
 type writeLog struct {
@@ -368,5 +374,59 @@ func TestInterleavingPushTimeoutReleaseReason(t *testing.T) {
 		}
 		t.Errorf("a was never released: %+v", events)
 		srv.Close()
+	})
+}
+
+// A waiter whose WAITING could not be written (it does not read) is
+// promoted before its goroutine leaves the table. The push must not be
+// written: after a failed write the stream may end mid-frame, and the
+// session is on its way out (rule 5).
+func TestInterleavingNoPushAfterAFailedWrite(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		srv := &Server{IOTimeout: time.Second}
+		l := newStepListener()
+		go srv.Serve(l)
+		defer srv.Close()
+
+		h, _ := l.dial("h")
+		sendAcquire(t, h, "x", time.Minute)
+		mustRead(t, h, TypeAcquired)
+		a, as := l.dial("a")
+		failedAt := -1
+		var once sync.Once
+		as.onWrite = func(b []byte, err error) {
+			if err == nil {
+				return
+			}
+			once.Do(func() { // a's WAITING timed out; a is still in the queue
+				h.Close()
+				for i := 0; ; i++ { // until h's goroutine has promoted a
+					if li, _ := srv.Lock("x"); li.Holder != nil && li.Holder.RemoteAddr == "a" {
+						break
+					}
+					if i > 1e6 {
+						panic("a was not promoted")
+					}
+					runtime.Gosched()
+				}
+				for range 1000 { // and is waiting to push, for the wmu this write holds
+					runtime.Gosched()
+				}
+				failedAt = len(l.log.snapshot())
+			})
+		}
+		sendAcquire(t, a, "x", time.Minute) // a reads nothing until its WAITING has timed out
+		time.Sleep(2 * time.Second)
+		go io.Copy(io.Discard, a)
+		synctest.Wait()
+		if failedAt < 0 {
+			t.Fatal("a's WAITING never failed")
+		}
+		for _, line := range l.log.snapshot()[failedAt:] {
+			if strings.HasPrefix(line, "write a:") {
+				t.Errorf("written to a after its write failed: %s", line)
+			}
+		}
+		a.Close()
 	})
 }

@@ -272,3 +272,21 @@ func selfSigned(t *testing.T) tls.Certificate {
 	}
 	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
 }
+
+// Shutdown grants nothing: a holder taken out of the table before its
+// waiter does not hand the lock on, spending a token on a session that is
+// about to be told 0x01.
+func TestShutdownPromotesNobody(t *testing.T) {
+	srv := &Server{}
+	addr := startServer(t, srv)
+	for i := range 20 { // the table is a map: its order varies, so many locks
+		holderAndWaiter(t, addr, fmt.Sprintf("no-promotion-%d", i))
+	}
+	before := srv.Stats().Grants
+	if err := srv.Shutdown(bounded(t)); err != nil {
+		t.Fatal(err)
+	}
+	if after := srv.Stats().Grants; after != before {
+		t.Fatalf("%d grants during shutdown", after-before)
+	}
+}

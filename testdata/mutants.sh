@@ -38,7 +38,7 @@ mutant missing-push server.go 'TestGrantWaitAndPushPromotion' . \
   $'_ = token\n\t}\n\ts.wmu.Lock()'
 mutant reused-token server.go 'TestGrantWaitAndPushPromotion' . \
   $'next.push(token)\n\t}\n\ts.wmu.Lock()' \
-  $'next.push(s.token.Load())\n\t}\n\ts.wmu.Lock()'
+  $'next.push(s.token.Load()); _ = token\n\t}\n\ts.wmu.Lock()'
 mutant push-under-the-mutex server.go 'TestBlockedPromotionPushDelaysNobody' . \
   $'next.push(token)\n\t}\n\ts.wmu.Lock()' \
   $'srv.mu.Lock(); next.push(token); srv.mu.Unlock()\n\t}\n\ts.wmu.Lock()'
@@ -51,7 +51,7 @@ mutant token-plus-one-missing server.go 'TestTokensAboveTheClockGoOnByOne|TestTo
 mutant no-io-timeout-before-acquire server.go 'TestIOTimeout' . \
   's.run(0, time.Now().Add(s.srv.ioTimeout()))' \
   's.run(0, time.Now().Add(time.Hour))'
-mutant promotion-during-shutdown server.go 'TestShutdownSendsShuttingDownToEverySession' . \
+mutant promotion-during-shutdown server.go 'TestShutdownPromotesNobody|TestShutdownSendsShuttingDownToEverySession' . \
   'front != nil && !srv.closing.Load()' \
   'front != nil'
 mutant duplicate-acquire-wrong-code server.go 'TestErrorsAfterTheGrant' . \
@@ -64,7 +64,7 @@ mutant authorize-without-identity server.go 'TestMutualTLSIdentitiesAndRules' ./
   '!srv.Authorize(s.identity, f.Name)' \
   '!srv.Authorize("", f.Name)'
 # Issue 13: the races between behaviours.
-mutant push-after-final-frame server.go 'TestWaiterEndingAsHolderLeaves|TestRaceHunt' . \
+mutant push-after-final-frame server.go 'TestInterleavingNoPushAfterAFailedWrite|TestWaiterEndingAsHolderLeaves' . \
   'if !s.final && s.stop.Load() == 0 && s.writeAcquiredLocked(token) != nil {' \
   'if s.stop.Load() == 0 && s.writeAcquiredLocked(token) != nil {'
 mutant push-after-force-release server.go 'TestInterleavingPushAfterForceRelease' . \
@@ -127,7 +127,7 @@ mutant late-frame-confirms client.go 'TestFrameAfterTheDeadlineConfirmsNothing|T
   'case false:'
 mutant no-linger-after-loss client.go 'TestLostLockKeepsItsConnectionUntilRelease|TestHolderStopsBeforeTheServerReleases' . \
   'if lost {' \
-  'if false {'
+  'if lost && false {'
 mutant do-keeps-fn-running-after-loss client.go 'TestLossWhileFnRunsIsJoinedWithFnError|TestCutConnectionCancelsAtOnce|TestHolderStopsBeforeTheServerReleases' . \
   'l.cancel(cause)' \
   '_ = cause'
@@ -137,6 +137,15 @@ mutant retry-client-errors client.go 'TestDoRetry' . \
 mutant retry-wait-below-base client.go 'TestSyncDoRetryBackoff' . \
   'time.NewTimer(backoff + rand.N(backoff/2))' \
   'time.NewTimer(backoff/2 + rand.N(backoff/2))'
+mutant retry-closed-before-any-reply client.go 'TestClientReviewDoRetryClosedBeforeAnyReply' . \
+  '&& !errors.Is(err, errNoReply):' \
+  ':'
+mutant unsolicited-frame-waited-for client.go 'TestClientReviewUnsolicitedDripDetectedLate' . \
+  'case err == nil && typ[0] != TypeError && !l.inflight && l.st != queued:' \
+  'case false:'
+mutant token-zero-accepted client.go 'TestClientReviewTokenZero' . \
+  'case f.Type == TypeAcquired && f.Token == 0:' \
+  'case false:'
 mutant waiting-after-acquired-accepted client.go 'TestProtocolViolations' . \
   'case f.Type == TypeWaiting && l.st == holding:' \
   'case f.Type == TypeWaiting && l.st == holding && false:'
