@@ -182,6 +182,14 @@ func serve(args []string, stdout, stderr io.Writer) int {
 	signal.Notify(hups, syscall.SIGHUP)
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(l) }()
+	// Reloads run one at a time, apart from the signal loop: their log lines
+	// block on a stalled stderr, and must not keep SIGTERM waiting. SIGHUPs
+	// that come during a reload make one more.
+	go func() {
+		for range hups {
+			reload(logger, &sec, o.audit)
+		}
+	}()
 	logger.Info("serving", "listen", l.Addr().String(), "io_timeout", *ioTimeout,
 		"tls", sec.certFile != "", "mtls", sec.clientCAFile != "", "acl", sec.aclFile != "")
 
@@ -190,20 +198,28 @@ func serve(args []string, stdout, stderr io.Writer) int {
 		case err := <-served:
 			logger.Error("listener failed", "err", err)
 			return 1
-		case <-hups:
-			reload(logger, &sec, o.audit)
 		case sig := <-sigs:
 			o.stopping.Store(true) // health turns 503 before any session is closed
-			logger.Info("shutting down", "signal", sig.String())
+			// The way out is in place before anything is logged: a log
+			// line blocks for as long as stderr is stalled.
 			go func() {
 				sig := <-sigs
 				attrs := []any{"signal", sig.String()}
 				if o.audit != nil {
 					attrs = append(attrs, "audit_lines_lost", o.audit.queued.Load())
 				}
-				logger.Warn("second signal; exiting at once", attrs...)
+				logged := make(chan struct{})
+				go func() {
+					logger.Warn("second signal; exiting at once", attrs...)
+					close(logged)
+				}()
+				select {
+				case <-logged:
+				case <-time.After(secondSignalLogBound):
+				}
 				os.Exit(1)
 			}()
+			logger.Info("shutting down", "signal", sig.String())
 			srv.Shutdown(context.Background())
 			status := 0
 			if o.audit != nil && o.audit.close(auditDrainBound) > 0 {
@@ -234,6 +250,10 @@ func replaceAttr(groups []string, a slog.Attr) slog.Attr {
 	}
 	return a
 }
+
+// secondSignalLogBound is how long the second signal waits for its log
+// line, which a stalled stderr would hold for ever.
+const secondSignalLogBound = 500 * time.Millisecond
 
 // minIOTimeout is the least -io-timeout: a frame must be readable in it.
 const minIOTimeout = 10 * time.Millisecond

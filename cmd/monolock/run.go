@@ -40,7 +40,8 @@ with MONOLOCK_LOCK, MONOLOCK_TOKEN and MONOLOCK_ADDRESS in its environment.
 The lock is held until every process of that group has exited (a process
 that leaves the group, with setsid for instance, is outside the lock).
 SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGUSR1 and SIGUSR2 are forwarded to the
-group; SIGPIPE, SIGABRT and the other signals that would end monolock run
+group (the first four followed by SIGCONT); SIGTSTP, SIGTTIN, SIGTTOU,
+SIGPIPE, SIGABRT and the other signals that would end or stop monolock run
 are ignored. If monolock run is killed, COMMAND's first process gets SIGKILL
 (Linux). If the lock is lost while COMMAND runs, the group gets SIGTERM,
 then SIGKILL after -grace.
@@ -186,10 +187,14 @@ var (
 // a Go program on Linux; they end run like SIGKILL does.
 var (
 	forwardedSignals = []os.Signal{syscall.SIGHUP, syscall.SIGINT, syscall.SIGQUIT, syscall.SIGTERM, syscall.SIGUSR1, syscall.SIGUSR2}
-	// SIGPIPE: a closed stderr must not end run. The others end a Go
-	// program with a stack dump; sent with kill(2), they are ignored.
-	ignoredSignals = append([]os.Signal{syscall.SIGPIPE, syscall.SIGABRT, syscall.SIGTRAP, syscall.SIGILL,
-		syscall.SIGBUS, syscall.SIGFPE, syscall.SIGSEGV, syscall.SIGSYS}, platformIgnoredSignals...)
+	// SIGPIPE: a closed stderr must not end run. SIGTSTP, SIGTTIN, SIGTTOU:
+	// a stopped run sends no heartbeat, so the lease would lapse and the
+	// lock go to another while COMMAND, in its own group, runs on. The
+	// others end a Go program with a stack dump; sent with kill(2), they
+	// are ignored.
+	ignoredSignals = append([]os.Signal{syscall.SIGPIPE, syscall.SIGTSTP, syscall.SIGTTIN, syscall.SIGTTOU,
+		syscall.SIGABRT, syscall.SIGTRAP, syscall.SIGILL, syscall.SIGBUS, syscall.SIGFPE, syscall.SIGSEGV,
+		syscall.SIGSYS}, platformIgnoredSignals...)
 )
 
 func endsWait(s os.Signal) bool {
@@ -266,12 +271,16 @@ func runLocked(l *monolock.Lock, addr string, command []string, sigs <-chan os.S
 		case s := <-sigs:
 			if slices.Contains(forwardedSignals, s) {
 				syscall.Kill(group, s.(syscall.Signal))
+				if endsWait(s) {
+					continueGroup(group)
+				}
 			}
 		case <-lost:
 			lost = nil
 			fmt.Fprintf(stderr, "monolock run: lock %q lost while %s ran: %s; sending SIGTERM to its process group, SIGKILL in %v\n",
 				l.Name(), command[0], printable(l.Err().Error()), grace)
 			syscall.Kill(group, syscall.SIGTERM)
+			continueGroup(group)
 			kill = time.After(grace)
 		case <-kill:
 			syscall.Kill(group, syscall.SIGKILL)
@@ -295,6 +304,12 @@ func runLocked(l *monolock.Lock, addr string, command []string, sigs <-chan os.S
 	}
 	return status
 }
+
+// continueGroup sends SIGCONT after a terminating signal, as a shell's
+// kill %job does: COMMAND's group is in the background, and a process of
+// it that read the terminal is stopped by SIGTTIN; a signal to a stopped
+// process stays pending, and the lock held, until it is continued.
+func continueGroup(group int) { syscall.Kill(group, syscall.SIGCONT) }
 
 // waitStatus is the status a shell would report for the command.
 func waitStatus(ws syscall.WaitStatus) int {

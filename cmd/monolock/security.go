@@ -133,8 +133,11 @@ func parseACL(r io.Reader) (*acl, error) {
 	if err := dec.Decode(&top); err != nil {
 		return nil, fmt.Errorf("not a valid rules file: %w", err)
 	}
-	if dec.More() {
+	// Token, not More: More takes a stray ']' or '}' for the end.
+	if _, err := dec.Token(); err == nil {
 		return nil, errors.New("not a valid rules file: more than one JSON value")
+	} else if err != io.EOF {
+		return nil, fmt.Errorf("not a valid rules file: after the JSON object: %w", err)
 	}
 	fields, err := exactObject(top, "rules")
 	if err != nil {

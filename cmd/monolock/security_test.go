@@ -128,6 +128,9 @@ func TestParseACL(t *testing.T) {
 		{`{"rules":[]`, "not a valid rules file"},
 		{`rules: []`, "not a valid rules file"},
 		{`{"rules":[]} {}`, "more than one JSON value"},
+		{`{"rules":[]}]`, "after the JSON object"},
+		{`{"rules":[]}}`, "after the JSON object"},
+		{`{"rules":[]} x`, "after the JSON object"},
 		{``, "not a valid rules file"},
 	} {
 		_, err := parseACL(strings.NewReader(tc.file))

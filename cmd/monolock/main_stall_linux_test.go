@@ -1,0 +1,78 @@
+package main
+
+import (
+	"os"
+	"os/exec"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+	"unsafe"
+)
+
+// pipeHolds is how many bytes wait in the pipe of r.
+func pipeHolds(r *os.File) int {
+	var n int32
+	syscall.Syscall(syscall.SYS_IOCTL, r.Fd(), syscall.TIOCINQ, uintptr(unsafe.Pointer(&n)))
+	return int(n)
+}
+
+// A stderr nobody reads blocks every log line: neither SIGHUP's lines nor
+// "shutting down" may keep a signal from ending the server.
+func TestSignalsEndTheServerWhenStderrIsStalled(t *testing.T) {
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	const fSetPipeSz = 1031
+	if _, _, e := syscall.Syscall(syscall.SYS_FCNTL, w.Fd(), fSetPipeSz, 4096); e != 0 {
+		t.Fatalf("F_SETPIPE_SZ: %v", e)
+	}
+	cmd := exec.Command(binary, "-listen", "127.0.0.1:0")
+	cmd.Stderr = w
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	w.Close()
+	t.Cleanup(func() { cmd.Process.Kill() })
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+
+	// "serving" comes after the signal handlers are in place.
+	for deadline := time.Now().Add(10 * time.Second); pipeHolds(r) == 0; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the server wrote nothing on stderr for 10s")
+		}
+	}
+	time.Sleep(100 * time.Millisecond)
+	b := make([]byte, pipeHolds(r))
+	if n, _ := r.Read(b); !strings.Contains(string(b[:n]), "msg=serving") {
+		t.Fatalf("the server's first lines are not serving: %q", b[:n])
+	}
+
+	// Each SIGHUP logs a line (nothing to reload) until the pipe is full
+	// and a write blocks.
+	for deadline := time.Now().Add(20 * time.Second); pipeHolds(r) < 4096-200; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("stderr's pipe holds only %d bytes after 20s of SIGHUPs", pipeHolds(r))
+		}
+		cmd.Process.Signal(syscall.SIGHUP)
+	}
+	for range 5 { // the line that does not fit
+		cmd.Process.Signal(syscall.SIGHUP)
+		time.Sleep(20 * time.Millisecond)
+	}
+
+	cmd.Process.Signal(syscall.SIGTERM)
+	time.Sleep(500 * time.Millisecond)
+	cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case err := <-done:
+		if code := cmd.ProcessState.ExitCode(); code != 1 {
+			t.Fatalf("exit status %d (%v) after a second SIGTERM with a stalled stderr, want 1", code, err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the server still runs 10s after a second SIGTERM, its stderr stalled")
+	}
+}
