@@ -114,9 +114,11 @@ func serve(args []string, stdout, stderr io.Writer) int {
 	}
 
 	opts := &slog.HandlerOptions{Level: slog.Level(level), ReplaceAttr: replaceAttr}
-	var handler slog.Handler = slog.NewTextHandler(stderr, opts)
+	diag := newDiagWriter(stderr)
+	defer diag.flush(diagFlushBound)
+	var handler slog.Handler = slog.NewTextHandler(diag, opts)
 	if format.value == "json" {
-		handler = slog.NewJSONHandler(stderr, opts)
+		handler = slog.NewJSONHandler(diag, opts)
 	}
 	logger := slog.New(handler)
 
@@ -217,6 +219,7 @@ func serve(args []string, stdout, stderr io.Writer) int {
 				case <-logged:
 				case <-time.After(secondSignalLogBound):
 				}
+				diag.flush(secondSignalLogBound)
 				os.Exit(1)
 			}()
 			logger.Info("shutting down", "signal", sig.String())
@@ -254,6 +257,9 @@ func replaceAttr(groups []string, a slog.Attr) slog.Attr {
 // secondSignalLogBound is how long the second signal waits for its log
 // line, which a stalled stderr would hold for ever.
 const secondSignalLogBound = 500 * time.Millisecond
+
+// diagFlushBound is how long an exit waits for the diagnostics still queued.
+const diagFlushBound = time.Second
 
 // minIOTimeout is the least -io-timeout: a frame must be readable in it.
 const minIOTimeout = 10 * time.Millisecond
