@@ -256,11 +256,7 @@ func (srv *Server) Shutdown(ctx context.Context) error {
 	for _, s := range srv.beginClose() {
 		s.conn.SetReadDeadline(time.Unix(1, 0)) // rule 6: its goroutine sends 0x01 and ends
 	}
-	finished := make(chan struct{})
-	go func() {
-		srv.wg.Wait()
-		close(finished)
-	}()
+	finished := waitChan(&srv.wg)
 	bound := time.NewTimer(srv.ioTimeout())
 	defer bound.Stop()
 	select {
@@ -273,17 +269,19 @@ func (srv *Server) Shutdown(ctx context.Context) error {
 		<-finished
 		return ctx.Err()
 	}
-	delivered := make(chan struct{})
-	go func() {
-		srv.eventWG.Wait()
-		close(delivered)
-	}()
 	select {
-	case <-delivered:
+	case <-waitChan(&srv.eventWG):
 		return nil
 	case <-ctx.Done():
 		return ctx.Err()
 	}
+}
+
+// waitChan returns a channel closed once wg's count is zero.
+func waitChan(wg *sync.WaitGroup) <-chan struct{} {
+	ch := make(chan struct{})
+	go func() { wg.Wait(); close(ch) }()
+	return ch
 }
 
 // Close stops accepting and closes every connection at once. A session
@@ -522,10 +520,7 @@ func (srv *Server) join(s *session) error {
 	// The answer is the state decided above, not a reload of s.token: a
 	// promotion since then gets its own push, and answering ACQUIRED here
 	// too would leave the client one ACQUIRED it cannot tell from a reply.
-	if token == 0 {
-		return s.writeLocked(append(s.wbuf[:0], TypeWaiting))
-	}
-	return s.writeAcquiredLocked(token)
+	return s.writeStateLocked(token)
 }
 
 // grantLocked makes s the holder of l with a fresh token (rule 2).
@@ -651,7 +646,7 @@ func releaseReason(why error) string {
 func (s *session) push(token uint64) {
 	s.wmu.Lock()
 	defer s.wmu.Unlock()
-	if !s.final && s.stop.Load() == 0 && s.writeAcquiredLocked(token) != nil {
+	if !s.final && s.stop.Load() == 0 && s.writeStateLocked(token) != nil {
 		closeConn(s.conn)
 	}
 }
@@ -663,15 +658,16 @@ func (s *session) writeState() error {
 	if err := s.stopped(); err != nil { // rule 5
 		return err
 	}
-	token := s.token.Load()
-	if token == 0 {
-		return s.writeLocked(append(s.wbuf[:0], TypeWaiting))
-	}
-	return s.writeAcquiredLocked(token)
+	return s.writeStateLocked(s.token.Load())
 }
 
-func (s *session) writeAcquiredLocked(token uint64) error {
-	b, _ := Frame{Type: TypeAcquired, Token: token}.AppendBinary(s.wbuf[:0])
+// writeStateLocked writes ACQUIRED with token, or WAITING for token 0.
+func (s *session) writeStateLocked(token uint64) error {
+	f := Frame{Type: TypeAcquired, Token: token}
+	if token == 0 {
+		f.Type = TypeWaiting
+	}
+	b, _ := f.AppendBinary(s.wbuf[:0])
 	return s.writeLocked(b)
 }
 
