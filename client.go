@@ -2,6 +2,7 @@ package monolock
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -141,10 +142,7 @@ func (c *Client) TryAcquire(ctx context.Context, name string, lease time.Duratio
 
 // acquire runs the claim in the caller's goroutine until the grant.
 func (c *Client) acquire(ctx context.Context, name string, lease time.Duration, try bool) (*Lock, error) {
-	if err := ValidateName(name); err != nil {
-		return nil, err
-	}
-	if err := ValidateLease(lease); err != nil {
+	if err := cmp.Or(ValidateName(name), ValidateLease(lease)); err != nil {
 		return nil, err
 	}
 	conn, err := c.cfg.Dialer.DialContext(ctx, "tcp", c.cfg.Address)

@@ -1,6 +1,7 @@
 package monolock
 
 import (
+	"cmp"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -111,11 +112,7 @@ type ServerError struct {
 }
 
 func (e *ServerError) Error() string {
-	reason := e.Reason
-	if reason == "" {
-		reason = e.Code.String()
-	}
-	return fmt.Sprintf("monolock: server error 0x%02x: %s", uint8(e.Code), reason)
+	return fmt.Sprintf("monolock: server error 0x%02x: %s", uint8(e.Code), cmp.Or(e.Reason, e.Code.String()))
 }
 
 // Temporary reports whether the code is below 0x10.

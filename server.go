@@ -863,12 +863,10 @@ func (srv *Server) KickWaiter(name, remoteAddr string) (SessionInfo, error) {
 
 func (srv *Server) kick(name, event string, find func(*lock) (*session, error)) (SessionInfo, error) {
 	srv.mu.Lock()
-	l := srv.locks[name]
-	if l == nil || srv.closing.Load() {
-		srv.mu.Unlock()
-		return SessionInfo{}, ErrNotFound
+	s, err := (*session)(nil), ErrNotFound
+	if l := srv.locks[name]; l != nil && !srv.closing.Load() {
+		s, err = find(l)
 	}
-	s, err := find(l)
 	if err != nil {
 		srv.mu.Unlock()
 		return SessionInfo{}, err
