@@ -27,10 +27,9 @@ import (
 //     next waiter), writes its final frame, closes. Shutdown and
 //     administrators take it out of the table themselves; out of it, no
 //     promotion reaches it and no token is spent on it.
-//  5. After the final frame, or a failed write, nothing is written (final,
-//     under wmu); once Shutdown or an administrator has taken a session out
-//     of the table (stop), it is sent only its final frame: neither a push
-//     decided before it left nor the answer to a frame it already sent.
+//  5. After the final frame or a failed write, nothing is written (final,
+//     under wmu). A session Shutdown or an administrator took out (stop)
+//     gets only its final frame: no push decided before, no late answer.
 //  6. Shutdown and administrators set s.stop under srv.mu, then a past read
 //     deadline. Whoever re-arms a read deadline checks s.stop afterwards, so
 //     either it sees the flag or the past deadline overrides its own.
@@ -50,9 +49,8 @@ type Server struct {
 	// begun, the TLS handshake and every write. Zero: DefaultIOTimeout.
 	IOTimeout time.Duration
 
-	// Logger receives diagnostics; nil discards them. Failed TLS handshakes
-	// and refused ACQUIREs are logged at info level, each at most once a
-	// second, with the count of those left out.
+	// Logger receives diagnostics, if set. Failed TLS handshakes and refused
+	// ACQUIREs are logged at info, at most once a second each, counting skips.
 	Logger *slog.Logger
 
 	// Authorize, if set, decides whether a client may acquire a lock (else
@@ -61,12 +59,11 @@ type Server struct {
 	// promptly: Shutdown waits for it.
 	Authorize func(identity, lock string) bool
 
-	// OnEvent, if set, is told of every grant, release, denial and
-	// administrative action, one call at a time, in table order (for one
-	// lock, a release before the next grant), on a server goroutine with
-	// no lock held. While it is busy, up to 16384 events wait; beyond that
-	// they are dropped and counted in Stats.EventsDropped. Shutdown waits
-	// for the queue to drain only until its context ends.
+	// OnEvent, if set, is told of every grant, release, denial and admin
+	// action, one call at a time in table order (a release before the
+	// lock's next grant), on a server goroutine with no lock held. Up to
+	// 16384 events wait while it is busy; more are dropped and counted in
+	// Stats.EventsDropped. Shutdown waits for them until its ctx ends.
 	OnEvent func(Event)
 
 	closing atomic.Bool
@@ -236,10 +233,9 @@ func (srv *Server) start(conn net.Conn) {
 	go s.serve()
 }
 
-// Shutdown stops accepting, sends ERROR 0x01 to every session, closes them
-// and waits for their goroutines, promoting no waiter; sessions not done
-// within one io-timeout (a client that does not read) are closed at once.
-// Then it waits for OnEvent to be told of the last releases. If ctx ends
+// Shutdown stops accepting, sends ERROR 0x01 to every session, promoting
+// no waiter, and waits for them, closing at once those not done within an
+// io-timeout (a client that does not read); then for OnEvent. If ctx ends
 // first, it closes what is still open and returns ctx's error.
 func (srv *Server) Shutdown(ctx context.Context) error {
 	for _, s := range srv.beginClose() {
@@ -266,7 +262,6 @@ func (srv *Server) Shutdown(ctx context.Context) error {
 	}
 }
 
-// waitChan returns a channel closed once wg's count is zero.
 func waitChan(wg *sync.WaitGroup) <-chan struct{} {
 	ch := make(chan struct{})
 	go func() { wg.Wait(); close(ch) }()
@@ -472,9 +467,8 @@ func isTimeout(err error) bool {
 	return errors.As(err, &ne) && ne.Timeout()
 }
 
-// join makes s its lock's holder or last waiter and answers. wmu is held
-// from before the table change (rule 1), so a racing promotion is pushed
-// after the WAITING.
+// join makes s its lock's holder or last waiter and answers, holding wmu
+// from before the change (rule 1): a racing promotion comes after WAITING.
 func (srv *Server) join(s *session) error {
 	s.wmu.Lock()
 	defer s.wmu.Unlock()
@@ -515,9 +509,8 @@ func (srv *Server) grantLocked(l *lock, s *session) uint64 {
 	return token
 }
 
-// nextTokenLocked returns a token above every one given, and at least now
-// in Unix nanoseconds, so that a restarted server continues above its
-// predecessor unless the clock stepped back. Never 0.
+// nextTokenLocked is above every token given and at least now in Unix ns:
+// a restart continues above the last token unless the clock went back.
 func (srv *Server) nextTokenLocked(now time.Time) uint64 {
 	t := srv.lastToken + 1
 	if ns := now.UnixNano(); ns > 0 && uint64(ns) > t {
@@ -624,7 +617,6 @@ func (s *session) push(token uint64) {
 	}
 }
 
-// writeState answers a HEARTBEAT with the session's state.
 func (s *session) writeState() error {
 	s.wmu.Lock()
 	defer s.wmu.Unlock()
