@@ -16,10 +16,9 @@ import (
 	"unicode/utf8"
 )
 
-// Errors of the client, one for each failure a caller may branch on. A
-// lost lock matches ErrLockLost and its cause; a server code, *ServerError
-// and the code's sentinel; invalid input, ErrInvalidInput and the code's
-// sentinel; the end of ctx is ctx's error.
+// Errors of the client. A lost lock matches ErrLockLost and its cause; a
+// server code, *ServerError and the code's sentinel; invalid input,
+// ErrInvalidInput and the code's sentinel; the end of ctx, ctx's error.
 var (
 	ErrDial              = errors.New("monolock: dial failed")
 	ErrBusy              = errors.New("monolock: lock is busy")
@@ -58,15 +57,14 @@ func New(cfg Config) *Client {
 // attempt: see DoRetry), runs fn, and releases by closing the connection
 // when fn returns or panics (the panic goes on after the release).
 //
-// fn's context is cancelled the moment ownership is no longer confirmed,
-// with a cause matching ErrLockLost and the concrete cause; fn must stop
-// touching the resource at once, since the server may grant the lock to
-// the next waiter when the lease runs out. Until fn returns the connection
-// stays open but silent, so that a server still hearing the client grants
-// nothing while fn stops. After a loss, Do returns fn's error joined with
-// the cause, even when fn returned nil. Cancelling ctx while fn runs is a
-// graceful stop: fn's context is cancelled with ctx's cause, but the lock
-// stays held, with heartbeats, until fn returns; no loss is reported.
+// fn's context is cancelled, with a cause matching ErrLockLost, the moment
+// ownership is no longer confirmed: fn must stop touching the resource at
+// once, as the next waiter may get the lock when the lease runs out. Until
+// fn returns the connection stays open but silent, so that a server still
+// hearing the client grants nothing meanwhile. After a loss, Do returns
+// fn's error joined with the cause, even a nil one. Cancelling ctx while
+// fn runs is a graceful stop, not a loss: fn's context is cancelled with
+// ctx's cause, but the lock stays held, with heartbeats, until fn returns.
 func (c *Client) Do(ctx context.Context, name string, lease time.Duration, fn func(ctx context.Context, token uint64) error) error {
 	l, err := c.Acquire(ctx, name, lease)
 	if err != nil {
@@ -111,7 +109,6 @@ func (c *Client) DoRetry(ctx context.Context, name string, lease time.Duration, 
 	}
 }
 
-// run runs fn under l for Do.
 func (l *Lock) run(ctx context.Context, fn func(ctx context.Context, token uint64) error) (err error) {
 	// The lock's context is fn's alone: a graceful stop may cancel it
 	// without touching the claim, which never looks at it.
@@ -127,15 +124,13 @@ func (l *Lock) run(ctx context.Context, fn func(ctx context.Context, token uint6
 
 // Acquire waits in name's queue as long as ctx allows and returns the lock,
 // held with heartbeats until Release or a loss; ctx no longer matters. After
-// a loss, call Release once the guarded work has stopped: until then, or
-// one more lease, the silent connection keeps the server from granting the
-// lock to anyone else earlier than the lease allows.
+// a loss, call Release once the guarded work has stopped: until then, or one
+// more lease, the silent connection keeps the lock from anyone else.
 func (c *Client) Acquire(ctx context.Context, name string, lease time.Duration) (*Lock, error) {
 	return c.acquire(ctx, name, lease, false)
 }
 
-// TryAcquire is Acquire that does not wait: if the lock is held, it closes
-// the connection and returns ErrBusy.
+// TryAcquire is Acquire that does not queue: it returns ErrBusy instead.
 func (c *Client) TryAcquire(ctx context.Context, name string, lease time.Duration) (*Lock, error) {
 	return c.acquire(ctx, name, lease, true)
 }

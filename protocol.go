@@ -121,8 +121,7 @@ func (e *ServerError) Temporary() bool { return e.Code.Temporary() }
 // Unwrap returns the code's sentinel, or nil for an unknown code.
 func (e *ServerError) Unwrap() error { return e.Code.Err() }
 
-// Frame is one protocol message in either direction; Type says which
-// fields are meaningful.
+// Frame is one protocol message, either way; Type says which fields count.
 type Frame struct {
 	Type    byte
 	LeaseMS uint32 // ACQUIRE
@@ -159,12 +158,11 @@ func (f Frame) AppendBinary(b []byte) ([]byte, error) {
 	return b, fmt.Errorf("monolock: cannot encode frame type 0x%02x", f.Type)
 }
 
-// ReadFrame reads one frame of either direction, however the bytes are
-// split: io.EOF only when r ends before a frame, io.ErrUnexpectedEOF
-// inside one. An ACQUIRE is checked as a server checks it, in the
-// specification's order (version, lease, then name: empty, too long,
-// UTF-8), with an error wrapping the code's sentinel. It never allocates
-// beyond the protocol limits, whatever a length field says.
+// ReadFrame reads one frame of either direction, however split: io.EOF
+// only when r ends before a frame, io.ErrUnexpectedEOF inside one. It checks
+// an ACQUIRE as a server does, in the specification's order (version, lease,
+// name: empty, too long, UTF-8), the error wrapping the code's sentinel, and
+// never allocates beyond the protocol limits, whatever a length field says.
 func ReadFrame(r io.Reader) (Frame, error) {
 	var typ [1]byte
 	if _, err := io.ReadFull(r, typ[:]); err != nil {
@@ -235,8 +233,7 @@ func readFull(r io.Reader, b []byte) error {
 	return err
 }
 
-// checkName checks a name of n bytes on the wire (unread, so empty, when
-// n is over the limit).
+// checkName checks an n-byte name from the wire, unread (empty) if too long.
 func checkName(n int, name string) error {
 	switch {
 	case n == 0:

@@ -19,8 +19,7 @@ import (
 
 // The rules the code below keeps; where it relies on one, it names it.
 //
-//  1. Lock order: a session's wmu before srv.mu, never the reverse. No
-//     network I/O while srv.mu is held.
+//  1. Lock order: s.wmu, then srv.mu. No network I/O while srv.mu is held.
 //  2. A session's token changes from 0 once, under srv.mu, at its grant.
 //  3. s.lock != nil means s is its lock's holder or in its queue.
 //  4. A session ends on one path, end: it leaves the table (promoting the
@@ -545,9 +544,7 @@ func (s *session) end(why error) {
 	srv.mu.Lock()
 	delete(srv.sessions, s) // only now: Close must reach a final frame's write
 	srv.mu.Unlock()
-	if log := srv.log(); log.Enabled(context.Background(), slog.LevelDebug) {
-		log.Debug("session ended", "remote", s.remote, "lock", s.name, "why", why)
-	}
+	srv.log().Debug("session ended", "remote", s.remote, "lock", s.name, "why", why)
 	srv.wg.Done()
 }
 
@@ -824,10 +821,9 @@ var (
 	ErrStaleToken = errors.New("monolock: the lock is held under another token")
 )
 
-// ForceRelease ends the holder of name under token (0: whoever holds it):
-// it leaves the table at once, the next waiter is promoted, and it is sent
-// ERROR 0x02 and closed. It returns the holder; when name is held under
-// another token, it ends nobody and returns ErrStaleToken.
+// ForceRelease ends the holder of name under token (0: any): it leaves the
+// table at once, the next waiter is promoted, and it is sent ERROR 0x02 and
+// closed. It returns the holder; another token ends nobody: ErrStaleToken.
 func (srv *Server) ForceRelease(name string, token uint64) (SessionInfo, error) {
 	return srv.kick(name, EventForceRelease, func(l *lock) (*session, error) {
 		switch h := l.holder; {
