@@ -2,6 +2,7 @@ package monolock
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -15,11 +16,9 @@ import (
 	"unicode/utf8"
 )
 
-// Errors of the client. Each failure a caller may branch on has its own
-// sentinel: a dial failure (ErrDial), a busy try (ErrBusy), a lost lock
-// (ErrLockLost, together with its cause), a server code (*ServerError and
-// the code's sentinel), invalid input (ErrInvalidInput and the code's
-// sentinel, such as ErrInvalidLease); the end of ctx is its own error.
+// Errors of the client. A lost lock matches ErrLockLost and its cause; a
+// server code, *ServerError and the code's sentinel; invalid input,
+// ErrInvalidInput and the code's sentinel; the end of ctx, ctx's error.
 var (
 	ErrDial              = errors.New("monolock: dial failed")
 	ErrBusy              = errors.New("monolock: lock is busy")
@@ -30,8 +29,7 @@ var (
 	ErrProtocolViolation = errors.New("monolock: protocol violation")
 )
 
-// A Dialer makes the connection: a *net.Dialer, a *tls.Dialer, or
-// anything else with this method.
+// A Dialer makes the connection: a *net.Dialer, a *tls.Dialer, or another.
 type Dialer interface {
 	DialContext(ctx context.Context, network, address string) (net.Conn, error)
 }
@@ -42,8 +40,7 @@ type Config struct {
 	Dialer  Dialer // nil means a zero net.Dialer
 }
 
-// Client acquires locks from one server. It keeps no state between calls
-// and is safe for concurrent use.
+// Client acquires locks from one server; it is safe for concurrent use.
 type Client struct {
 	cfg Config
 }
@@ -56,23 +53,18 @@ func New(cfg Config) *Client {
 	return &Client{cfg: cfg}
 }
 
-// Do acquires name, runs fn while the server confirms the ownership, and
-// releases the lock by closing the connection when fn returns or panics
-// (a panic goes on after the release). It waits in the queue for as long
-// as ctx allows and makes one attempt; see DoRetry for more.
+// Do acquires name, waiting in its queue as long as ctx allows (one
+// attempt: see DoRetry), runs fn, and releases by closing the connection
+// when fn returns or panics (the panic goes on after the release).
 //
-// fn's context is cancelled the moment ownership is no longer confirmed;
-// context.Cause then tells why (it matches ErrLockLost and the concrete
-// cause). fn must stop touching the guarded resource at once: the server
-// may grant the lock to the next waiter when the lease runs out. Until fn
-// returns, the connection stays open but silent, so that a server that can
-// still hear the client does not grant the lock while fn is stopping. If
-// ownership was lost while fn ran, Do returns fn's error joined with the
-// cause, even when fn returned nil.
-//
-// Cancelling ctx while fn runs is a graceful stop: fn's context is
-// cancelled with ctx's cause, but the lock stays held, and heartbeats go
-// on, until fn returns; no loss is reported.
+// fn's context is cancelled, with a cause matching ErrLockLost, the moment
+// ownership is no longer confirmed: fn must stop touching the resource at
+// once, as the next waiter may get the lock when the lease runs out. Until
+// fn returns the connection stays open but silent, so that a server still
+// hearing the client grants nothing meanwhile. After a loss, Do returns
+// fn's error joined with the cause, even a nil one. Cancelling ctx while
+// fn runs is a graceful stop, not a loss: fn's context is cancelled with
+// ctx's cause, but the lock stays held, with heartbeats, until fn returns.
 func (c *Client) Do(ctx context.Context, name string, lease time.Duration, fn func(ctx context.Context, token uint64) error) error {
 	l, err := c.Acquire(ctx, name, lease)
 	if err != nil {
@@ -81,13 +73,12 @@ func (c *Client) Do(ctx context.Context, name string, lease time.Duration, fn fu
 	return l.run(ctx, fn)
 }
 
-// DoRetry is Do that retries what may succeed later: a dial failure, a
-// connection lost or silent while queued, and server conditions (codes
-// below 0x10), and at once after ERROR 0x01 (the server is going away;
-// another may already listen). Its waits start at 100ms and double up to
-// 5s; each is drawn from [base, 1.5×base), so that a crowd of clients does
-// not retry in step. Client errors (codes from 0x10), invalid input and
-// the end of ctx return at once. fn runs at most once.
+// DoRetry is Do that retries a dial failure, a connection lost or silent
+// while queued, and server conditions (codes below 0x10), at once after
+// ERROR 0x01 (another server may already listen), else after a wait from
+// [base, 1.5×base), base 100ms doubling to 5s, so that a crowd of clients
+// does not retry in step. Client errors (codes from 0x10), invalid input
+// and the end of ctx return at once. fn runs at most once.
 func (c *Client) DoRetry(ctx context.Context, name string, lease time.Duration, fn func(ctx context.Context, token uint64) error) error {
 	backoff := 100 * time.Millisecond
 	for again := false; ; {
@@ -118,7 +109,6 @@ func (c *Client) DoRetry(ctx context.Context, name string, lease time.Duration, 
 	}
 }
 
-// run runs fn under l for Do.
 func (l *Lock) run(ctx context.Context, fn func(ctx context.Context, token uint64) error) (err error) {
 	// The lock's context is fn's alone: a graceful stop may cancel it
 	// without touching the claim, which never looks at it.
@@ -132,30 +122,22 @@ func (l *Lock) run(ctx context.Context, fn func(ctx context.Context, token uint6
 	return fn(l.ctx, l.token)
 }
 
-// Acquire waits in name's queue for as long as ctx allows and returns the
-// held lock. The lock is held, with heartbeats, until Release or until the
-// server stops confirming it; ctx no longer matters once Acquire returned.
-// After a loss, call Release once the guarded work has stopped: until then,
-// or for at most one more lease, the connection stays open without
-// heartbeats, so the server grants the lock to nobody else earlier than its
-// lease allows.
+// Acquire waits in name's queue as long as ctx allows and returns the lock,
+// held with heartbeats until Release or a loss; ctx no longer matters. After
+// a loss, call Release once the guarded work has stopped: until then, or one
+// more lease, the silent connection keeps the lock from anyone else.
 func (c *Client) Acquire(ctx context.Context, name string, lease time.Duration) (*Lock, error) {
 	return c.acquire(ctx, name, lease, false)
 }
 
-// TryAcquire is Acquire that does not wait: if the lock is held, it closes
-// the connection and returns ErrBusy.
+// TryAcquire is Acquire that does not queue: it returns ErrBusy instead.
 func (c *Client) TryAcquire(ctx context.Context, name string, lease time.Duration) (*Lock, error) {
 	return c.acquire(ctx, name, lease, true)
 }
 
-// acquire runs the claim in the caller's goroutine until the grant, and
-// hands it to a goroutine of its own from there.
+// acquire runs the claim in the caller's goroutine until the grant.
 func (c *Client) acquire(ctx context.Context, name string, lease time.Duration, try bool) (*Lock, error) {
-	if err := ValidateName(name); err != nil {
-		return nil, err
-	}
-	if err := ValidateLease(lease); err != nil {
+	if err := cmp.Or(ValidateName(name), ValidateLease(lease)); err != nil {
 		return nil, err
 	}
 	conn, err := c.cfg.Dialer.DialContext(ctx, "tcp", c.cfg.Address)
@@ -184,8 +166,7 @@ func (c *Client) acquire(ctx context.Context, name string, lease time.Duration, 
 	return l, nil
 }
 
-// Lock is a held lock. Its connection is read and heartbeated by a
-// goroutine of its own until Release or the loss of the lock.
+// Lock is a held lock, heartbeated by its goroutine until Release or a loss.
 type Lock struct {
 	name  string
 	lease time.Duration
@@ -214,8 +195,7 @@ type Lock struct {
 // Name returns the lock's name.
 func (l *Lock) Name() string { return l.name }
 
-// Token returns the fencing token of the grant. Hand it to the guarded
-// resource, which should refuse a token lower than one it has seen.
+// Token returns the grant's fencing token, for the guarded resource.
 func (l *Lock) Token() uint64 { return l.token }
 
 // Context returns a context cancelled the moment ownership is no longer
@@ -225,16 +205,14 @@ func (l *Lock) Context() context.Context { return l.ctx }
 // Done is closed the moment ownership is no longer confirmed, or at Release.
 func (l *Lock) Done() <-chan struct{} { return l.ctx.Done() }
 
-// Err returns nil while the lock is held. After a loss it returns the
-// cause, which matches ErrLockLost and the concrete reason
-// (ErrHeartbeatTimeout, ErrConnectionClosed, ErrProtocolViolation, or a
-// *ServerError); after Release, ErrReleased.
+// Err returns nil while the lock is held; after a loss the cause, matching
+// ErrLockLost and ErrHeartbeatTimeout, ErrConnectionClosed,
+// ErrProtocolViolation or a *ServerError; after Release, ErrReleased.
 func (l *Lock) Err() error { return context.Cause(l.ctx) }
 
-// Release gives the lock up by closing the connection. It returns the
-// cause if the lock had already been lost, and nil otherwise. It is safe
-// to call more than once, from any goroutine, and waits for nothing: the
-// close ends the claim's reads and writes, and its goroutine, at once.
+// Release closes the connection, and returns the cause of a loss before
+// it, or nil. It may be called again, from any goroutine, and waits for
+// nothing: the close ends the claim's I/O and goroutine at once.
 func (l *Lock) Release() error {
 	l.mu.Lock()
 	if !l.ended {
@@ -255,20 +233,18 @@ const (
 	holding                 // ACQUIRED received
 )
 
-// claim sends the ACQUIRE (when connecting) and heartbeats, and reads and
-// judges the answers, in one goroutine. With untilGrant it returns true at
-// the grant; otherwise, and on any end before it, it ends the lock and
-// returns false.
+// claim sends the ACQUIRE (untilGrant) and heartbeats, and judges the
+// answers. With untilGrant it returns true at the grant; otherwise, and on
+// any end before it, it ends the lock and returns false.
 //
-// The rules are the specification's: a claim is confirmed by the answer to
-// a request (ACQUIRE or HEARTBEAT) and, once confirmed, counts from that
-// request's send time; it is abandoned at 0.8 of the lease after the send
-// of the last confirmed request, before the server, counting the full lease
-// from a later arrival, can drop it. A frame read at or after that deadline
-// confirms nothing. One request is in flight at a time, so answers pair
-// with requests without ids. The promotion push moves a queued claim to
-// held and confirms nothing. Every read and write has a deadline no later
-// than the claim's, a lazy TLS handshake inside the first write included.
+// The specification's rules: the answer to a request (ACQUIRE, HEARTBEAT)
+// confirms the claim from that request's send time; the claim is abandoned
+// at 0.8 of the lease after the last confirmed send, before the server,
+// counting a full lease from a later arrival, can drop it. A frame read at
+// or after that deadline confirms nothing. One request is in flight at a
+// time, so answers pair with requests without ids. The push moves a
+// queued claim to held and confirms nothing. Every read and write, a lazy
+// TLS handshake in the first write included, ends by the claim's deadline.
 func (l *Lock) claim(untilGrant bool) bool {
 	timeout := l.lease / 5 * 4
 	var err error
@@ -324,8 +300,7 @@ func (l *Lock) send(b []byte, deadline time.Time) error {
 	return nil
 }
 
-// read reads one frame; its first byte by the read deadline set, the rest
-// by the claim's deadline.
+// read reads a frame: its first byte by the deadline set, the rest by deadline.
 func (l *Lock) read(deadline time.Time) (Frame, error) {
 	typ, err := l.r.Peek(1)
 	switch {
@@ -392,12 +367,11 @@ func (l *Lock) judge(f Frame, at time.Time) error {
 	return nil
 }
 
-// end ends the claim's goroutine, with cause unless Release came first
-// (whose close then caused it). After the loss of a held lock the
-// connection stays open but silent until Release, the server's close, or
-// a lease: closing now would let the server grant the lock again at once,
-// while the work that was just cancelled is still stopping; by a lease
-// after the last heartbeat it read, the server has dropped the session.
+// end ends the claim with cause, unless Release came first and caused it.
+// After a held lock's loss the connection stays open but silent until
+// Release, the server's close or a lease: closing now would let the server
+// grant the lock at once while the cancelled work is still stopping; a
+// lease after the last heartbeat it read, the server has dropped it.
 func (l *Lock) end(cause error) {
 	if l.st == holding {
 		cause = &lostError{cause}
@@ -417,9 +391,8 @@ func (l *Lock) end(cause error) {
 	close(l.done)
 }
 
-// heartbeatInterval is the specification's schedule: a quarter of the
-// lease, shortened by twice the smoothed round trip, never below 100ms or
-// a quarter of the lease, whichever is less.
+// heartbeatInterval is the specification's: a quarter of the lease less two
+// smoothed round trips, never below 100ms or a quarter lease, the lesser.
 func heartbeatInterval(lease, srtt time.Duration) time.Duration {
 	base := lease / 4
 	floor := min(100*time.Millisecond, base)
@@ -450,8 +423,7 @@ func (e *dialError) Is(target error) bool { return target == ErrDial }
 // the same bytes would meet the same end, so DoRetry does not retry it.
 var errNoReply = errors.New("monolock: closed before any reply")
 
-// closedError is ErrConnectionClosed and its cause; worded only when read,
-// since after Release nobody reads it.
+// closedError is ErrConnectionClosed and its cause, worded only when read.
 type closedError struct {
 	by      string
 	err     error

@@ -1,6 +1,7 @@
 package monolock
 
 import (
+	"cmp"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -27,8 +28,7 @@ const (
 	MaxLease = math.MaxUint32 * time.Millisecond
 )
 
-// A Code is the code of an ERROR frame. The code is the contract; the
-// reason beside it is for people.
+// A Code is an ERROR frame's code: the contract; the reason is for people.
 type Code uint8
 
 // Error codes. Below 0x10 the client did nothing wrong and may reconnect;
@@ -47,9 +47,8 @@ const (
 	CodeNotAuthorized      Code = 0x18
 )
 
-// The sentinel of each code; its text is the code's canonical reason.
-// A *ServerError unwraps to one of these, and so do the errors of local
-// validation, so errors.Is works the same for both.
+// The sentinel of each code, whose text is its canonical reason. Both a
+// *ServerError and local validation errors unwrap to one.
 var (
 	ErrShuttingDown       = sentinel(CodeShuttingDown, "server shutting down")
 	ErrClosedByAdmin      = sentinel(CodeClosedByAdmin, "closed by administrator")
@@ -79,16 +78,14 @@ func sentinel(c Code, text string) error {
 	return codeErrs[c]
 }
 
-// ErrInvalidInput marks an argument refused before anything was sent. It
-// comes joined with the sentinel of the code the server would have sent.
+// ErrInvalidInput marks an argument refused before anything was sent,
+// joined with the sentinel of the code the server would have sent.
 var ErrInvalidInput = errors.New("monolock: invalid input")
 
-// Err returns the code's sentinel error, or nil for a code this version
-// does not know.
+// Err returns the code's sentinel, or nil for an unknown code.
 func (c Code) Err() error { return codeErrs[c] }
 
-// Temporary reports whether the code is a server condition (below 0x10),
-// known or not: the client did nothing wrong and may reconnect.
+// Temporary reports whether the code, known or not, is below 0x10.
 func (c Code) Temporary() bool { return c < 0x10 }
 
 // String returns the canonical reason of the code.
@@ -115,11 +112,7 @@ type ServerError struct {
 }
 
 func (e *ServerError) Error() string {
-	reason := e.Reason
-	if reason == "" {
-		reason = e.Code.String()
-	}
-	return fmt.Sprintf("monolock: server error 0x%02x: %s", uint8(e.Code), reason)
+	return fmt.Sprintf("monolock: server error 0x%02x: %s", uint8(e.Code), cmp.Or(e.Reason, e.Code.String()))
 }
 
 // Temporary reports whether the code is below 0x10.
@@ -128,8 +121,7 @@ func (e *ServerError) Temporary() bool { return e.Code.Temporary() }
 // Unwrap returns the code's sentinel, or nil for an unknown code.
 func (e *ServerError) Unwrap() error { return e.Code.Err() }
 
-// Frame is one protocol message in either direction. Type says which of
-// the other fields are meaningful.
+// Frame is one protocol message, either way; Type says which fields count.
 type Frame struct {
 	Type    byte
 	LeaseMS uint32 // ACQUIRE
@@ -139,10 +131,9 @@ type Frame struct {
 	Reason  string // ERROR
 }
 
-// AppendBinary appends the wire bytes of f. It encodes an ACQUIRE exactly
-// as given, even one a server must refuse (an empty name, lease 0, a
-// 300-byte name), so tools can test servers with it; it fails only when a
-// field does not fit its length field or the type is not one of the five.
+// AppendBinary appends f's wire bytes. It encodes even an ACQUIRE a server
+// must refuse (empty name, lease 0, 300-byte name), for testing servers;
+// it fails only on a field too long for its length or an unknown type.
 func (f Frame) AppendBinary(b []byte) ([]byte, error) {
 	switch f.Type {
 	case TypeAcquire:
@@ -167,13 +158,11 @@ func (f Frame) AppendBinary(b []byte) ([]byte, error) {
 	return b, fmt.Errorf("monolock: cannot encode frame type 0x%02x", f.Type)
 }
 
-// ReadFrame reads one whole frame of either direction, however the bytes
-// are split. It returns io.EOF only when r ends before a frame begins, and
-// io.ErrUnexpectedEOF when it ends inside one. An ACQUIRE is checked as a
-// server checks it, in the order of the specification: version, lease,
-// then name (empty, too long, UTF-8); the error wraps the code's sentinel.
-// It never allocates more than the protocol limits, whatever a length
-// field says.
+// ReadFrame reads one frame of either direction, however split: io.EOF
+// only when r ends before a frame, io.ErrUnexpectedEOF inside one. It checks
+// an ACQUIRE as a server does, in the specification's order (version, lease,
+// name: empty, too long, UTF-8), the error wrapping the code's sentinel, and
+// never allocates beyond the protocol limits, whatever a length field says.
 func ReadFrame(r io.Reader) (Frame, error) {
 	var typ [1]byte
 	if _, err := io.ReadFull(r, typ[:]); err != nil {
@@ -244,8 +233,7 @@ func readFull(r io.Reader, b []byte) error {
 	return err
 }
 
-// checkName checks a name of n bytes on the wire; name is empty when n is
-// over the limit, because such a name is never read.
+// checkName checks an n-byte name from the wire, unread (empty) if too long.
 func checkName(n int, name string) error {
 	switch {
 	case n == 0:
@@ -258,9 +246,8 @@ func checkName(n int, name string) error {
 	return nil
 }
 
-// ValidateName returns nil when a server accepts name as a lock name:
-// 1 to 255 bytes of valid UTF-8. Otherwise the error wraps both
-// ErrInvalidInput and the sentinel of the code the server would send.
+// ValidateName returns nil for a name a server accepts: 1 to 255 bytes of
+// UTF-8; else an error wrapping ErrInvalidInput and the code's sentinel.
 func ValidateName(name string) error {
 	if err := checkName(len(name), name); err != nil {
 		return fmt.Errorf("%w: %w", ErrInvalidInput, err)
@@ -268,8 +255,8 @@ func ValidateName(name string) error {
 	return nil
 }
 
-// ValidateLease returns nil when lease is a whole number of milliseconds
-// from 1ms to MaxLease, the leases lease_ms can carry exactly.
+// ValidateLease returns nil for a whole number of milliseconds from 1ms to
+// MaxLease, the leases lease_ms carries exactly.
 func ValidateLease(lease time.Duration) error {
 	switch {
 	case lease < time.Millisecond:

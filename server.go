@@ -19,20 +19,16 @@ import (
 
 // The rules the code below keeps; where it relies on one, it names it.
 //
-//  1. Lock order: a session's wmu before srv.mu, never the reverse. No
-//     network I/O while srv.mu is held.
-//  2. A session's token changes from 0 exactly once, under srv.mu, when the
-//     lock is granted to it.
+//  1. Lock order: s.wmu, then srv.mu. No network I/O while srv.mu is held.
+//  2. A session's token changes from 0 once, under srv.mu, at its grant.
 //  3. s.lock != nil means s is its lock's holder or in its queue.
-//  4. A session ends on one path, end: it leaves the table (which promotes
-//     the next waiter), then writes its final frame, then closes. Shutdown
-//     and administrators take it out of the table themselves and leave the
-//     rest to end. Out of the table, no promotion can reach it and no token
-//     is spent on it.
-//  5. After the final frame, or a failed write, nothing is written (final,
-//     under wmu); once Shutdown or an administrator has taken a session out
-//     of the table (stop), it is sent only its final frame: neither a push
-//     decided before it left nor the answer to a frame it already sent.
+//  4. A session ends on one path, end: it leaves the table (promoting the
+//     next waiter), writes its final frame, closes. Shutdown and
+//     administrators take it out of the table themselves; out of it, no
+//     promotion reaches it and no token is spent on it.
+//  5. After the final frame or a failed write, nothing is written (final,
+//     under wmu). A session Shutdown or an administrator took out (stop)
+//     gets only its final frame: no push decided before, no late answer.
 //  6. Shutdown and administrators set s.stop under srv.mu, then a past read
 //     deadline. Whoever re-arms a read deadline checks s.stop afterwards, so
 //     either it sees the flag or the past deadline overrides its own.
@@ -48,30 +44,25 @@ var ErrServerClosed = errors.New("monolock: server closed")
 // Server serves the lock protocol on any number of listeners. The zero
 // value is ready to use; its fields must not change once it serves.
 type Server struct {
-	// IOTimeout bounds the wait for a connection's first frame, the rest
-	// of any frame once its first byte arrived, the TLS handshake, and
-	// every write. Zero means DefaultIOTimeout.
+	// IOTimeout bounds the first frame's wait, the rest of a frame once
+	// begun, the TLS handshake and every write. Zero: DefaultIOTimeout.
 	IOTimeout time.Duration
 
-	// Logger receives diagnostics; nil discards them. Failed TLS handshakes
-	// and refused ACQUIREs are logged at info level, at most once a second
-	// each, with the count of those left out.
+	// Logger receives diagnostics, if set. Failed TLS handshakes and refused
+	// ACQUIREs are logged at info, at most once a second each, counting skips.
 	Logger *slog.Logger
 
-	// Authorize, if set, decides whether a client may acquire a lock; a
-	// refused ACQUIRE is answered with ERROR 0x18. identity is the one of
-	// the client's verified TLS certificate (see Identity), or empty. It
-	// is called from the session's goroutine with no lock held, and must
-	// return promptly: Shutdown waits for it.
+	// Authorize, if set, decides whether a client may acquire a lock (else
+	// ERROR 0x18); identity is that of its verified TLS certificate (see
+	// Identity), or empty. Called with no lock held, it must return
+	// promptly: Shutdown waits for it.
 	Authorize func(identity, lock string) bool
 
-	// OnEvent, if set, is told of every grant, release, denial and
-	// administrative action, one call at a time, in the order the table
-	// changed: for one lock, a release always comes before the next grant.
-	// It runs on a goroutine of the server's, never under the table's
-	// mutex. While it is busy, up to 16384 events wait in memory; beyond
-	// that, events are dropped and counted in Stats.EventsDropped. Shutdown
-	// waits for the queue to drain only until its context ends.
+	// OnEvent, if set, is told of every grant, release, denial and admin
+	// action, one call at a time in table order (a release before the
+	// lock's next grant), on a server goroutine with no lock held. Up to
+	// 16384 events wait while it is busy; more are dropped and counted in
+	// Stats.EventsDropped. Shutdown waits for them until its ctx ends.
 	OnEvent func(Event)
 
 	closing atomic.Bool
@@ -103,9 +94,8 @@ type lock struct {
 	waiters list.List // of *session, strict FIFO
 }
 
-// session is one connection. Its goroutine (one at a time: see serve) is
-// the only reader of conn; writes come from it and from whoever promotes
-// it, serialized by wmu.
+// session is one connection. Its goroutine (one at a time: see serve)
+// alone reads conn; it and its promoter write, serialized by wmu.
 type session struct {
 	srv      *Server
 	conn     net.Conn
@@ -120,9 +110,8 @@ type session struct {
 	elem  *list.Element // guarded by srv.mu; non-nil while waiting
 	since time.Time     // guarded by srv.mu: queued at, then granted at
 
-	// token is the grant's fencing token, 0 while waiting (rule 2). It is
-	// written under srv.mu and read under wmu, so a reply always reports
-	// the state at the moment it is written.
+	// token is 0 while waiting (rule 2); written under srv.mu and read under
+	// wmu, so a reply reports the state at the moment it is written.
 	token atomic.Uint64
 
 	wmu   sync.Mutex
@@ -149,8 +138,8 @@ func (srv *Server) log() *slog.Logger {
 	return discard
 }
 
-// infoLimit lets one kind of info line through at most once a second, so
-// that a flood of bad clients cannot flood the log.
+// infoLimit lets one kind of info line through once a second: a flood of
+// bad clients must not flood the log.
 type infoLimit struct {
 	mu   sync.Mutex
 	next time.Time
@@ -185,11 +174,9 @@ func (srv *Server) initLocked() {
 	}
 }
 
-// Serve accepts connections on l and serves each in its own goroutine
-// until Shutdown or Close, then returns ErrServerClosed. Accept errors
-// (EMFILE, ENFILE, ...) are logged and retried with a backoff of 5ms
-// doubling to 1s; Serve returns another error only when l itself was
-// closed by someone else.
+// Serve serves connections from l until Shutdown or Close, then returns
+// ErrServerClosed. Accept errors (EMFILE, ...) are logged and retried
+// after 5ms doubling to 1s; another error means l was closed by others.
 func (srv *Server) Serve(l net.Listener) error {
 	srv.mu.Lock()
 	srv.initLocked()
@@ -245,22 +232,15 @@ func (srv *Server) start(conn net.Conn) {
 	go s.serve()
 }
 
-// Shutdown stops accepting, sends ERROR 0x01 to every session, holders and
-// waiters alike, closes them and waits for their goroutines; no waiter is
-// promoted once shutdown has begun. Sessions that have not finished within
-// one io-timeout (a client that does not read) are closed at once. Then it
-// waits for OnEvent to be told of the last releases. If ctx ends first, it
-// closes what is still open and returns ctx's error without waiting for
-// OnEvent.
+// Shutdown stops accepting, sends ERROR 0x01 to every session, promoting
+// no waiter, and waits for them, closing at once those not done within an
+// io-timeout (a client that does not read); then for OnEvent. If ctx ends
+// first, it closes what is still open and returns ctx's error.
 func (srv *Server) Shutdown(ctx context.Context) error {
 	for _, s := range srv.beginClose() {
 		s.conn.SetReadDeadline(time.Unix(1, 0)) // rule 6: its goroutine sends 0x01 and ends
 	}
-	finished := make(chan struct{})
-	go func() {
-		srv.wg.Wait()
-		close(finished)
-	}()
+	finished := waitChan(&srv.wg)
 	bound := time.NewTimer(srv.ioTimeout())
 	defer bound.Stop()
 	select {
@@ -273,22 +253,22 @@ func (srv *Server) Shutdown(ctx context.Context) error {
 		<-finished
 		return ctx.Err()
 	}
-	delivered := make(chan struct{})
-	go func() {
-		srv.eventWG.Wait()
-		close(delivered)
-	}()
 	select {
-	case <-delivered:
+	case <-waitChan(&srv.eventWG):
 		return nil
 	case <-ctx.Done():
 		return ctx.Err()
 	}
 }
 
-// Close stops accepting and closes every connection at once. A session
-// that is between two frames at that moment may still be sent ERROR 0x01;
-// the others get nothing. It does not wait for the session goroutines.
+func waitChan(wg *sync.WaitGroup) <-chan struct{} {
+	ch := make(chan struct{})
+	go func() { wg.Wait(); close(ch) }()
+	return ch
+}
+
+// Close stops accepting and closes every connection at once; a session
+// between two frames may still be sent ERROR 0x01. It does not wait.
 func (srv *Server) Close() error {
 	for _, s := range srv.beginClose() {
 		closeConn(s.conn)
@@ -316,9 +296,8 @@ func (srv *Server) beginClose() []*session {
 	return sessions
 }
 
-// closeConn closes c without TLS's close_notify, which waits up to 5 s for
-// a client that does not read: the protocol's last word is its ERROR frame
-// or the end of the connection.
+// closeConn skips TLS's close_notify, which waits up to 5 s for a client
+// that does not read: the protocol's last word is ERROR or the close.
 func closeConn(c net.Conn) {
 	if tc, ok := c.(*tls.Conn); ok {
 		c = tc.NetConn()
@@ -326,12 +305,10 @@ func closeConn(c net.Conn) {
 	c.Close()
 }
 
-// serve is the session's first goroutine. It handshakes and reads the
-// ACQUIRE; once the session has joined the table, a fresh goroutine takes
-// it over for the rest of its life, and this one ends. The first frame's
-// work is the deepest a session does, and Go never shrinks a stack back
-// to its first 2 KiB while the goroutine waits in a read: handing over
-// keeps an idle session's stack at 2 KiB, where it would stay at 4 KiB.
+// serve handshakes and reads the ACQUIRE; once the session joined the
+// table, a fresh goroutine takes it over. The first frame is the deepest
+// work, and Go does not shrink a stack back while it waits in a read: the
+// handover keeps an idle session's stack at 2 KiB instead of 4 KiB.
 func (s *session) serve() {
 	if tc, ok := s.conn.(*tls.Conn); ok {
 		if err := s.handshake(tc); err != nil {
@@ -351,8 +328,7 @@ func (s *session) serve() {
 	}()
 }
 
-// stopped returns the error that Shutdown or an administrator ended the
-// session with, or nil.
+// stopped is the error Shutdown or an administrator ended s with, or nil.
 func (s *session) stopped() error {
 	if code := s.stop.Load(); code != 0 {
 		return Code(code).Err()
@@ -367,10 +343,9 @@ var (
 	errJoined    = errors.New("joined the table") // not an end: see serve
 )
 
-// run reads and answers frames until the session must end, and says why;
-// before the ACQUIRE (lease 0) it also returns errJoined, with the next
-// deadline, once the session has joined the table. The next frame must
-// begin by deadline.
+// run reads and answers frames, the next one due by deadline, until the
+// session must end, and says why; before the ACQUIRE (lease 0) it returns
+// errJoined and the next deadline once the session joined the table.
 func (s *session) run(lease time.Duration, deadline time.Time) (next time.Time, why error) {
 	for {
 		s.conn.SetReadDeadline(deadline)
@@ -415,9 +390,8 @@ func (s *session) run(lease time.Duration, deadline time.Time) (next time.Time, 
 	}
 }
 
-// handshake completes a TLS handshake explicitly, so that a client that
-// stalls it meets the io-timeout like any other, and the identity is known
-// before the first frame.
+// handshake is explicit so that a client stalling it meets the io-timeout,
+// and the identity is known before the first frame.
 func (s *session) handshake(tc *tls.Conn) error {
 	tc.SetDeadline(time.Now().Add(s.srv.ioTimeout()))
 	if err := s.stopped(); err != nil { // rule 6
@@ -434,8 +408,7 @@ func (s *session) handshake(tc *tls.Conn) error {
 	return nil
 }
 
-// acquire reads the rest of an ACQUIRE, checks it, and joins the lock's
-// table, setting the session's name and lease.
+// acquire reads the rest of an ACQUIRE, checks it, and joins the table.
 func (s *session) acquire() error {
 	srv := s.srv
 	s.conn.SetReadDeadline(time.Now().Add(srv.ioTimeout()))
@@ -472,9 +445,8 @@ func (s *session) Read(p []byte) (int, error) {
 	return n, nil
 }
 
-// Identity returns the client's identity from a TLS connection's state:
-// the first URI SAN of its verified certificate, else the first DNS SAN,
-// else the Common Name. Without a verified client certificate it is empty.
+// Identity is the first URI SAN of a verified client certificate, else its
+// first DNS SAN, else its Common Name; without one, empty.
 func Identity(cs tls.ConnectionState) string {
 	if len(cs.VerifiedChains) == 0 || len(cs.PeerCertificates) == 0 {
 		return ""
@@ -494,9 +466,8 @@ func isTimeout(err error) bool {
 	return errors.As(err, &ne) && ne.Timeout()
 }
 
-// join makes s the holder or the last waiter of its lock and writes the
-// answer. wmu is held from before the table changes until the answer is
-// written (rule 1), so a promotion that races it is pushed after the WAITING.
+// join makes s its lock's holder or last waiter and answers, holding wmu
+// from before the change (rule 1): a racing promotion comes after WAITING.
 func (srv *Server) join(s *session) error {
 	s.wmu.Lock()
 	defer s.wmu.Unlock()
@@ -519,13 +490,9 @@ func (srv *Server) join(s *session) error {
 		s.elem = l.waiters.PushBack(s)
 	}
 	srv.mu.Unlock()
-	// The answer is the state decided above, not a reload of s.token: a
-	// promotion since then gets its own push, and answering ACQUIRED here
-	// too would leave the client one ACQUIRED it cannot tell from a reply.
-	if token == 0 {
-		return s.writeLocked(append(s.wbuf[:0], TypeWaiting))
-	}
-	return s.writeAcquiredLocked(token)
+	// Not a reload of s.token: a promotion since has its own push, and a
+	// second ACQUIRED here could not be told from a reply.
+	return s.writeStateLocked(token)
 }
 
 // grantLocked makes s the holder of l with a fresh token (rule 2).
@@ -541,10 +508,8 @@ func (srv *Server) grantLocked(l *lock, s *session) uint64 {
 	return token
 }
 
-// nextTokenLocked returns the next fencing token: above every token this
-// process gave, and at least the wall clock in nanoseconds, so that a
-// restarted server continues above its predecessor as long as the clock
-// did not step back in between. Never 0. now is the time of the grant.
+// nextTokenLocked is above every token given and at least now in Unix ns:
+// a restart continues above the last token unless the clock went back.
 func (srv *Server) nextTokenLocked(now time.Time) uint64 {
 	t := srv.lastToken + 1
 	if ns := now.UnixNano(); ns > 0 && uint64(ns) > t {
@@ -554,9 +519,7 @@ func (srv *Server) nextTokenLocked(now time.Time) uint64 {
 	return t
 }
 
-// end is the one way a session ends (rule 4), on its last goroutine: it
-// leaves the table, pushes ACQUIRED to the waiter that leaving promoted,
-// writes its own final frame when why carries a code, and closes.
+// end is the one way a session ends (rule 4), on its last goroutine.
 func (s *session) end(why error) {
 	srv := s.srv
 	if err := s.stopped(); err != nil {
@@ -581,15 +544,12 @@ func (s *session) end(why error) {
 	srv.mu.Lock()
 	delete(srv.sessions, s) // only now: Close must reach a final frame's write
 	srv.mu.Unlock()
-	if log := srv.log(); log.Enabled(context.Background(), slog.LevelDebug) {
-		log.Debug("session ended", "remote", s.remote, "lock", s.name, "why", why)
-	}
+	srv.log().Debug("session ended", "remote", s.remote, "lock", s.name, "why", why)
 	srv.wg.Done()
 }
 
-// leaveLocked takes s out of the table, once (rule 3). If s held its lock,
-// the head waiter is granted it and returned, to be pushed outside the
-// mutex (rule 1); nobody is promoted once the server is closing.
+// leaveLocked takes s out of the table, once (rule 3). The head waiter it
+// promotes, never while closing, is returned for a push outside srv.mu.
 func (srv *Server) leaveLocked(s *session, why error) (next *session, token uint64) {
 	l := s.lock
 	if l == nil {
@@ -617,9 +577,8 @@ func (srv *Server) leaveLocked(s *session, why error) (next *session, token uint
 	return next, token
 }
 
-// stopLocked is how Shutdown and administrators end a session: out of the
-// table now (rule 4), the final frame and the close by its own goroutine,
-// which the caller wakes with a past read deadline (rule 6).
+// stopLocked ends s for Shutdown and administrators (rule 4); the caller
+// then wakes its goroutine with a past read deadline (rule 6).
 func (srv *Server) stopLocked(s *session, code Code) (next *session, token uint64) {
 	s.stop.CompareAndSwap(0, uint32(code))
 	return srv.leaveLocked(s, code.Err())
@@ -645,33 +604,32 @@ func releaseReason(why error) string {
 	return ReasonGraceful
 }
 
-// push sends the promotion's ACQUIRED, unless the session has ended
-// meanwhile (rule 5). A waiter that cannot take it is closed; its own
-// goroutine then ends it, which promotes the next one.
+// push sends a promotion's ACQUIRED (rule 5). A waiter that cannot take it
+// is closed; its goroutine then ends it, promoting the next.
 func (s *session) push(token uint64) {
 	s.wmu.Lock()
 	defer s.wmu.Unlock()
-	if !s.final && s.stop.Load() == 0 && s.writeAcquiredLocked(token) != nil {
+	if !s.final && s.stop.Load() == 0 && s.writeStateLocked(token) != nil {
 		closeConn(s.conn)
 	}
 }
 
-// writeState answers a HEARTBEAT with the session's state.
 func (s *session) writeState() error {
 	s.wmu.Lock()
 	defer s.wmu.Unlock()
 	if err := s.stopped(); err != nil { // rule 5
 		return err
 	}
-	token := s.token.Load()
-	if token == 0 {
-		return s.writeLocked(append(s.wbuf[:0], TypeWaiting))
-	}
-	return s.writeAcquiredLocked(token)
+	return s.writeStateLocked(s.token.Load())
 }
 
-func (s *session) writeAcquiredLocked(token uint64) error {
-	b, _ := Frame{Type: TypeAcquired, Token: token}.AppendBinary(s.wbuf[:0])
+// writeStateLocked writes ACQUIRED with token, or WAITING for token 0.
+func (s *session) writeStateLocked(token uint64) error {
+	f := Frame{Type: TypeAcquired, Token: token}
+	if token == 0 {
+		f.Type = TypeWaiting
+	}
+	b, _ := f.AppendBinary(s.wbuf[:0])
 	return s.writeLocked(b)
 }
 
@@ -719,9 +677,8 @@ const (
 	EventKickWaiter   = "kick_waiter"
 )
 
-// emitLocked queues ev, about s, for OnEvent. Queued under the table's
-// mutex, events keep the order of the changes; one goroutine at a time
-// delivers them, outside it.
+// emitLocked queues ev, about s, for OnEvent (rule 7); one goroutine at a
+// time delivers them, outside srv.mu.
 func (srv *Server) emitLocked(ev Event, s *session) {
 	if srv.OnEvent == nil {
 		return
@@ -819,8 +776,7 @@ type LockInfo struct {
 	Waiters []SessionInfo
 }
 
-// Locks returns every lock with a holder or waiters, sorted by name, as one
-// consistent snapshot.
+// Locks returns a snapshot of every lock with a holder or waiters, by name.
 func (srv *Server) Locks() []LockInfo {
 	srv.mu.Lock()
 	defer srv.mu.Unlock()
@@ -865,12 +821,9 @@ var (
 	ErrStaleToken = errors.New("monolock: the lock is held under another token")
 )
 
-// ForceRelease ends the session that holds name under token: it leaves the
-// table at once, the next waiter is promoted, and the session is sent
-// ERROR 0x02 and closed. It returns the holder it ended. When name is held
-// under another token (the holder the caller meant is gone, and someone
-// else holds it now), it ends nobody and returns ErrStaleToken. Token 0
-// means whoever holds name now.
+// ForceRelease ends the holder of name under token (0: any): it leaves the
+// table at once, the next waiter is promoted, and it is sent ERROR 0x02 and
+// closed. It returns the holder; another token ends nobody: ErrStaleToken.
 func (srv *Server) ForceRelease(name string, token uint64) (SessionInfo, error) {
 	return srv.kick(name, EventForceRelease, func(l *lock) (*session, error) {
 		switch h := l.holder; {
@@ -883,9 +836,8 @@ func (srv *Server) ForceRelease(name string, token uint64) (SessionInfo, error) 
 	})
 }
 
-// KickWaiter ends the waiter of name whose remote address is remoteAddr:
-// it leaves the queue at once, so it is never promoted, and is sent ERROR
-// 0x02 and closed; the others keep their order.
+// KickWaiter ends the waiter of name at remoteAddr: it leaves the queue at
+// once, unpromoted, and is sent ERROR 0x02 and closed.
 func (srv *Server) KickWaiter(name, remoteAddr string) (SessionInfo, error) {
 	return srv.kick(name, EventKickWaiter, func(l *lock) (*session, error) {
 		for e := l.waiters.Front(); e != nil; e = e.Next() {
@@ -899,12 +851,10 @@ func (srv *Server) KickWaiter(name, remoteAddr string) (SessionInfo, error) {
 
 func (srv *Server) kick(name, event string, find func(*lock) (*session, error)) (SessionInfo, error) {
 	srv.mu.Lock()
-	l := srv.locks[name]
-	if l == nil || srv.closing.Load() {
-		srv.mu.Unlock()
-		return SessionInfo{}, ErrNotFound
+	s, err := (*session)(nil), ErrNotFound
+	if l := srv.locks[name]; l != nil && !srv.closing.Load() {
+		s, err = find(l)
 	}
-	s, err := find(l)
 	if err != nil {
 		srv.mu.Unlock()
 		return SessionInfo{}, err

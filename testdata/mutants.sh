@@ -65,11 +65,11 @@ mutant authorize-without-identity server.go 'TestMutualTLSIdentitiesAndRules' ./
   '!srv.Authorize("", f.Name)'
 # Issue 13: the races between behaviours.
 mutant push-after-final-frame server.go 'TestInterleavingNoPushAfterAFailedWrite|TestWaiterEndingAsHolderLeaves' . \
-  'if !s.final && s.stop.Load() == 0 && s.writeAcquiredLocked(token) != nil {' \
-  'if s.stop.Load() == 0 && s.writeAcquiredLocked(token) != nil {'
+  'if !s.final && s.stop.Load() == 0 && s.writeStateLocked(token) != nil {' \
+  'if s.stop.Load() == 0 && s.writeStateLocked(token) != nil {'
 mutant push-after-force-release server.go 'TestInterleavingPushAfterForceRelease' . \
-  'if !s.final && s.stop.Load() == 0 && s.writeAcquiredLocked(token) != nil {' \
-  'if !s.final && s.writeAcquiredLocked(token) != nil {'
+  'if !s.final && s.stop.Load() == 0 && s.writeStateLocked(token) != nil {' \
+  'if !s.final && s.writeStateLocked(token) != nil {'
 mutant heartbeat-reply-after-stop server.go 'TestInterleavingHeartbeatReplyAfterForceRelease' . \
   $'if err := s.stopped(); err != nil { // rule 5\n\t\treturn err\n\t}' \
   ''
