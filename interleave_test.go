@@ -66,17 +66,13 @@ func (l *writeLog) snapshot() []string {
 	return append([]string(nil), l.lines...)
 }
 
-// stepListener hands the server hookConns.
+// stepListener is a pipeListener that hands the server stepConns.
 type stepListener struct {
-	conns chan net.Conn
-	done  chan struct{}
-	once  sync.Once
-	log   writeLog
+	*pipeListener
+	log writeLog
 }
 
-func newStepListener() *stepListener {
-	return &stepListener{conns: make(chan net.Conn), done: make(chan struct{})}
-}
+func newStepListener() *stepListener { return &stepListener{pipeListener: newPipeListener()} }
 
 func (l *stepListener) dial(name string) (client net.Conn, server *stepConn) {
 	c, s := net.Pipe()
@@ -90,17 +86,6 @@ func (l *stepListener) dial(name string) (client net.Conn, server *stepConn) {
 	}()
 	return c, hc
 }
-
-func (l *stepListener) Accept() (net.Conn, error) {
-	select {
-	case c := <-l.conns:
-		return c, nil
-	case <-l.done:
-		return nil, net.ErrClosed
-	}
-}
-func (l *stepListener) Close() error   { l.once.Do(func() { close(l.done) }); return nil }
-func (l *stepListener) Addr() net.Addr { return pipeAddr("listener") }
 
 func sendAcquire(t *testing.T, c net.Conn, name string, lease time.Duration) {
 	t.Helper()
