@@ -112,8 +112,13 @@ func huntDoClients(seed uint64) (st huntStats, bad string) {
 				ctx, cancel := context.WithTimeout(context.Background(), time.Duration(1+crng.IntN(10))*time.Second)
 				c.Do(ctx, name, lease, func(ctx context.Context, token uint64) error {
 					r := run{client: id, lock: name, token: token, start: time.Now(), cutAt: cutAt}
+					// A context, not time.After: channel timers in a bubble once
+					// crashed the runtime here (go1.26.8, -race, SIGSEGV in
+					// timer.maybeRunChan); timers that call a function did not.
+					done, stop := context.WithTimeout(context.Background(), work)
+					defer stop()
 					select {
-					case <-time.After(work):
+					case <-done.Done():
 					case <-ctx.Done():
 						r.cause, r.told = context.Cause(ctx), time.Now()
 						// After a loss, work that takes a moment to stop; but not
@@ -279,8 +284,9 @@ func faultyPipe(l *faultyListener, rng *rand.Rand, start time.Time) (_ net.Conn,
 		l.relays.Go(func() {
 			for c := range chunks {
 				select {
-				case <-time.After(time.Until(c.due)):
 				case <-l.quit:
+				default:
+					time.Sleep(time.Until(c.due)) // see the note on channel timers above
 				}
 				if _, err := dst.Write(c.b); err != nil {
 					break
