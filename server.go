@@ -544,7 +544,9 @@ func (s *session) end(why error) {
 	srv.mu.Lock()
 	delete(srv.sessions, s) // only now: Close must reach a final frame's write
 	srv.mu.Unlock()
-	srv.log().Debug("session ended", "remote", s.remote, "lock", s.name, "why", why)
+	if log := srv.log(); log.Enabled(context.Background(), slog.LevelDebug) { // no allocations per session otherwise
+		log.Debug("session ended", "remote", s.remote, "lock", s.name, "why", why)
+	}
 	srv.wg.Done()
 }
 
