@@ -26,17 +26,7 @@ type runProc struct {
 
 func startRun(t *testing.T, args ...string) *runProc {
 	t.Helper()
-	p := &runProc{cmd: exec.Command(binary, append([]string{"run"}, args...)...), done: make(chan struct{})}
-	p.cmd.Stderr = &p.stderr
-	if err := p.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() {
-		p.cmd.Wait()
-		close(p.done)
-	}()
-	t.Cleanup(func() { p.cmd.Process.Kill() })
-	return p
+	return startRunIn(t, "", args...)
 }
 
 // status waits for the exit status, for at most d.
