@@ -1,12 +1,14 @@
 package monolock
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net"
 	"os"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -18,39 +20,79 @@ import (
 
 // TestClientRaceHunt drives Do clients against a real Server, in fake
 // time, through in-memory connections that suffer faults (delays, lost
-// server frames, lost client frames, both, cuts) and a shutdown at a
-// random moment, and checks the client's promise: fn never runs after the
-// moment the server grants the lock to the next holder (fn's stop time
-// against the next grant's, both in fake time). A run is a seed; the plan
-// of faults and timings follows from it (the interleaving of goroutines
-// at one instant is the runtime's). MONOLOCK_HUNT_SEEDS=N runs seeds 0 to
-// N-1, MONOLOCK_HUNT_SEED=S only S.
+// server frames, lost client frames, both, cuts, a reply held until the
+// claim's deadline) and a shutdown at a random moment, and checks the
+// client's promises: fn never runs after the moment the server grants the
+// lock to the next holder (fn's stop time against the next grant's, both
+// in fake time), and fn is told of the loss by the claim's deadline, which
+// the hunt computes by the specification's rule from what the connection
+// carried (see deadlineConn). A run is a seed; the plan of faults and
+// timings follows from it (the interleaving of goroutines at one instant
+// is the runtime's). MONOLOCK_HUNT_SEEDS=N runs seeds 0 to N-1,
+// MONOLOCK_HUNT_SEED=S only S.
 func TestClientRaceHunt(t *testing.T) {
-	first, n := uint64(0), uint64(40)
-	if s, err := strconv.ParseUint(os.Getenv("MONOLOCK_HUNT_SEEDS"), 10, 64); err == nil {
-		n = s
-	}
-	if s, err := strconv.ParseUint(os.Getenv("MONOLOCK_HUNT_SEED"), 10, 64); err == nil {
-		first, n = s, 1
-	}
+	first, n := doHuntSeeds(40)
 	var total huntStats
 	for seed := first; seed < first+n; seed++ {
 		synctest.Test(t, func(t *testing.T) {
-			st, bad := huntDoClients(seed)
+			st, bad := huntDoClients(seed, false)
 			if bad != "" {
 				t.Errorf("seed %d (rerun: MONOLOCK_HUNT_SEED=%d go test -run ClientRaceHunt): %s", seed, seed, bad)
 			}
-			total.runs, total.losses, total.grants = total.runs+st.runs, total.losses+st.losses, total.grants+st.grants
+			total.add(st)
 		})
 	}
-	t.Logf("%d seeds: %d grants, fn ran %d times, %d of them told of a loss", n, total.grants, total.runs, total.losses)
+	t.Logf("%d seeds: %d grants, fn ran %d times, %d of them told of a loss; %d replies held until the deadline", n, total.grants, total.runs, total.losses, total.held)
 	// A hunt that never loses a lock checks nothing.
-	if n >= 10 && (total.runs < 10*int(n) || total.losses < int(n)) {
+	if n >= 10 && (total.runs < 10*int(n) || total.losses < int(n) || total.held < int(n)) {
 		t.Fatalf("too little happened: %+v", total)
 	}
 }
 
-type huntStats struct{ runs, losses, grants int }
+// TestClientRaceHuntRealTime is the hunt in real time, on one processor,
+// where a reply that the client reads just before the claim's deadline can
+// reach the claim just after it: the held reply is read a moment before
+// the deadline and then kept, busy on the only processor (too briefly for
+// the runtime to preempt it), until a moment after. In fake time nothing
+// runs late, so only this stage sees a client that lets such a reply
+// confirm its claim. Its leases are long enough for a heartbeat interval
+// (100ms at least) to exceed the slack given to a noisy machine.
+func TestClientRaceHuntRealTime(t *testing.T) {
+	if raceEnabled {
+		t.Skip("its margins are for real time without the race detector")
+	}
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	first, n := doHuntSeeds(3)
+	var total huntStats
+	for seed := first; seed < first+n; seed++ {
+		st, bad := huntDoClients(seed, true)
+		if bad != "" {
+			t.Errorf("seed %d (rerun: MONOLOCK_HUNT_SEED=%d go test -run ClientRaceHuntRealTime): %s", seed, seed, bad)
+		}
+		total.add(st)
+	}
+	t.Logf("%d seeds: %d grants, fn ran %d times, %d of them told of a loss; %d replies held across the deadline", n, total.grants, total.runs, total.losses, total.held)
+	if total.held == 0 {
+		t.Fatalf("no reply was held across a deadline: %+v", total)
+	}
+}
+
+// doHuntSeeds reads the seeds to run from the environment, or runs 0 to n-1.
+func doHuntSeeds(n uint64) (first, count uint64) {
+	if s, err := strconv.ParseUint(os.Getenv("MONOLOCK_HUNT_SEEDS"), 10, 64); err == nil {
+		n = s
+	}
+	if s, err := strconv.ParseUint(os.Getenv("MONOLOCK_HUNT_SEED"), 10, 64); err == nil {
+		return s, 1
+	}
+	return 0, n
+}
+
+type huntStats struct{ runs, losses, grants, held int }
+
+func (t *huntStats) add(s huntStats) {
+	t.runs, t.losses, t.grants, t.held = t.runs+s.runs, t.losses+s.losses, t.grants+s.grants, t.held+s.held
+}
 
 // run is one execution of fn.
 type run struct {
@@ -60,12 +102,22 @@ type run struct {
 	start, stop time.Time
 	told        time.Time // of the loss, or zero
 	cutAt       time.Time // when the plan cuts the connection, or zero
+	conn        *deadlineConn
 	cause       error
 }
 
-// huntDoClients runs one seed and returns what went wrong, or "".
-func huntDoClients(seed uint64) (st huntStats, bad string) {
+// huntDoClients runs one seed, in fake time or real time, and returns
+// what went wrong, or "".
+func huntDoClients(seed uint64, realTime bool) (st huntStats, bad string) {
 	rng := rand.New(rand.NewPCG(seed, 0x6d6f6e6f6c6f636b))
+	length, leaseMin, leaseSpan := time.Duration(20+rng.IntN(40))*time.Second, 200, 2800
+	slack := time.Duration(0) // in fake time, the claim ends at its deadline's instant
+	locks, holdOneIn := []string{"a", "b"}[:1+rng.IntN(2)], 3
+	if realTime { // seconds are real: more locks and more holds in fewer of them
+		length, leaseMin, leaseSpan = time.Duration(2000+rng.IntN(2000))*time.Millisecond, 400, 800
+		slack = 60 * time.Millisecond
+		locks, holdOneIn = []string{"a", "b", "c", "d"}, 2
+	}
 	var mu sync.Mutex // guards grants, runs, plans
 	var grants []Event
 	var runs []run
@@ -86,32 +138,38 @@ func huntDoClients(seed uint64) (st huntStats, bad string) {
 	go func() { served <- srv.Serve(l) }()
 
 	start := time.Now()
-	end := start.Add(time.Duration(20+rng.IntN(40)) * time.Second)
-	locks := []string{"a", "b"}[:1+rng.IntN(2)]
+	end := start.Add(length)
 	var wg sync.WaitGroup
 	for id := range 3 + rng.IntN(6) {
 		crng := rand.New(rand.NewPCG(seed, uint64(id)))
 		var conns int
-		var cutAt time.Time // of the last connection
+		var cutAt time.Time  // of the last connection
+		var dc *deadlineConn // likewise
 		c := New(Config{Address: "pipe", Dialer: dialerFunc(func(ctx context.Context, _, _ string) (net.Conn, error) {
 			conns++
+			prng := rand.New(rand.NewPCG(seed, uint64(id)<<32|uint64(conns)))
 			var client net.Conn
 			var plan string
-			client, plan, cutAt = faultyPipe(l, rand.New(rand.NewPCG(seed, uint64(id)<<32|uint64(conns))), start)
+			client, plan, cutAt = faultyPipe(l, prng, start)
+			dc = &deadlineConn{Conn: client, spin: realTime, closed: make(chan struct{})}
+			if prng.IntN(holdOneIn) == 0 {
+				dc.holdReply = 1 + prng.IntN(8)
+				plan += fmt.Sprintf("; hold reply %d until the deadline", dc.holdReply)
+			}
 			mu.Lock()
 			plans = append(plans, fmt.Sprintf("  client %d, connection %d: %s\n", id, conns, plan))
 			mu.Unlock()
-			return client, nil
+			return dc, nil
 		})})
 		wg.Go(func() {
 			for time.Now().Before(end) {
-				lease := time.Duration(200+crng.IntN(2800)) * time.Millisecond
+				lease := time.Duration(leaseMin+crng.IntN(leaseSpan)) * time.Millisecond
 				work := time.Duration(crng.Int64N(int64(3 * lease)))
 				stopping := time.Duration(crng.Int64N(int64(lease / 10)))
 				name := locks[crng.IntN(len(locks))]
 				ctx, cancel := context.WithTimeout(context.Background(), time.Duration(1+crng.IntN(10))*time.Second)
 				c.Do(ctx, name, lease, func(ctx context.Context, token uint64) error {
-					r := run{client: id, lock: name, token: token, start: time.Now(), cutAt: cutAt}
+					r := run{client: id, lock: name, token: token, start: time.Now(), cutAt: cutAt, conn: dc}
 					// A context, not time.After: channel timers in a bubble once
 					// crashed the runtime here (go1.26.8, -race, SIGSEGV in
 					// timer.maybeRunChan); timers that call a function did not.
@@ -163,16 +221,27 @@ func huntDoClients(seed uint64) (st huntStats, bad string) {
 		if r.cause != nil && errors.Is(r.cause, ErrLockLost) {
 			st.losses++
 		}
+		if r.conn.held() {
+			st.held++
+		}
+		ended := r.stop // when fn was told its claim ended, or returned untold
+		if !r.told.IsZero() {
+			ended = r.told
+		}
+		if deadline := r.conn.deadline(); ended.After(deadline.Add(slack)) {
+			return st, fmt.Sprintf("client %d's fn (token %d of %q, from %v) ran on until %v (told: cause %v), but nothing confirmed its claim in time after its deadline at %v; the plans:\n%s",
+				r.client, r.token, r.lock, at(r.start), at(ended), r.cause, at(deadline), strings.Join(plans, ""))
+		}
 		i := slices.IndexFunc(grants, func(g Event) bool { return g.Lock == r.lock && g.Token == r.token })
 		if i < 0 {
 			return st, fmt.Sprintf("client %d ran fn with token %d of %q, which the server never granted", r.client, r.token, r.lock)
 		}
 		for _, g := range grants[i+1:] {
-			// A cut reaches both ends at once: work told of a loss at or
-			// before the cut may still be stopping when the server, hearing
-			// the cut, has freed the lock. No client can prevent that; the
-			// README states the limit.
-			stopping := !r.told.IsZero() && !r.told.After(r.cutAt) && !g.Time.Before(r.cutAt)
+			// A cut reaches both ends at once: work told of a loss by the
+			// time the client could hear the cut may still be stopping when
+			// the server, hearing the cut, has freed the lock. No client can
+			// prevent that; the README states the limit.
+			stopping := !r.cutAt.IsZero() && !ended.After(r.conn.heard(r.cutAt)) && !g.Time.Before(r.cutAt)
 			if g.Lock == r.lock && g.Time.Before(r.stop) && !stopping {
 				return st, fmt.Sprintf("client %d's fn (token %d of %q, from %v) stopped at %v (told at %v, cause %v, cut at %v), but the server granted token %d at %v; the plans:\n%s",
 					r.client, r.token, r.lock, at(r.start), at(r.stop), at(r.told), r.cause, at(r.cutAt), g.Token, at(g.Time), strings.Join(plans, ""))
@@ -327,4 +396,136 @@ func faultyPipe(l *faultyListener, rng *rand.Rand, start time.Time) (_ net.Conn,
 		server.Close()
 	}
 	return client, strings.Join(steps, ", then "), cutAt
+}
+
+// deadlineConn is a client's end of a connection that keeps its own model
+// of the claim's deadline, by the specification's rule: 0.8 of the lease
+// from the send of the last confirmed request, where a reply read at or
+// after the deadline confirms nothing (nor does anything after it), and a
+// promotion push confirms nothing. It can hold one reply until about that
+// deadline, as a network or a busy client can (see hold).
+type deadlineConn struct {
+	net.Conn
+	holdReply int  // the reply to hold, counting from 1, or 0
+	spin      bool // hold the reply across the deadline on the processor
+	closed    chan struct{}
+	closing   sync.Once
+	mu        sync.Mutex    // guards what follows: Read and Write may overlap
+	timeout   time.Duration // 0.8 lease, computed as the client does
+	sends     []time.Time   // of the requests not yet answered
+	confirmed time.Time     // the send of the last confirmed request
+	queued    bool          // so the next ACQUIRED is the push
+	replies   int           // read in time
+	over      bool          // a late reply or an ERROR: nothing confirms the claim any more
+	heldFrom  time.Time     // when the held reply was read, or zero
+	heldUntil time.Time     // when it was delivered
+	in        []byte        // the start of a server frame
+}
+
+// deadline is the claim's last deadline: after it, the claim is over.
+func (c *deadlineConn) deadline() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.confirmed.Add(c.timeout)
+}
+
+func (c *deadlineConn) held() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return !c.heldFrom.IsZero()
+}
+
+// heard is when the client could hear a cut at cutAt: at once, unless it
+// was then busy with a held reply.
+func (c *deadlineConn) heard(cutAt time.Time) time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.heldFrom.IsZero() && !cutAt.Before(c.heldFrom) && cutAt.Before(c.heldUntil) {
+		return c.heldUntil
+	}
+	return cutAt
+}
+
+// hold keeps a reply until its deadline, or until Close. In real time
+// (spin) it wakes a moment before the deadline and keeps the processor,
+// too briefly to be preempted, until a moment after: whatever the client
+// has waiting for the deadline cannot run before the reply is delivered.
+func (c *deadlineConn) hold(deadline time.Time) {
+	wake := deadline
+	if c.spin {
+		wake = deadline.Add(-2 * time.Millisecond)
+	}
+	ctx, cancel := context.WithDeadline(context.Background(), wake) // not a channel timer: see huntDoClients
+	defer cancel()
+	select {
+	case <-ctx.Done():
+	case <-c.closed:
+		return
+	}
+	for c.spin && time.Now().Before(deadline.Add(2*time.Millisecond)) {
+	}
+}
+
+func (c *deadlineConn) Close() error {
+	c.closing.Do(func() { close(c.closed) })
+	return c.Conn.Close()
+}
+
+func (c *deadlineConn) Write(b []byte) (int, error) {
+	c.mu.Lock()
+	if f, err := ReadFrame(bytes.NewReader(b)); err == nil && !c.over {
+		if f.Type == TypeAcquire {
+			c.timeout = time.Duration(f.LeaseMS) * time.Millisecond / 5 * 4
+			c.confirmed = time.Now()
+		}
+		c.sends = append(c.sends, time.Now())
+	}
+	c.mu.Unlock()
+	return c.Conn.Write(b)
+}
+
+func (c *deadlineConn) Read(b []byte) (int, error) {
+	n, err := c.Conn.Read(b)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.in = append(c.in, b[:n]...)
+	var frames []Frame
+	r, rest := bytes.NewReader(c.in), len(c.in)
+	for f, ferr := ReadFrame(r); ferr == nil; f, ferr = ReadFrame(r) {
+		frames, rest = append(frames, f), r.Len()
+	}
+	c.in = c.in[len(c.in)-rest:]
+	for _, f := range frames {
+		if c.over || f.Type == TypeError {
+			c.over = true
+			break
+		}
+		if f.Type == TypeAcquired && c.queued {
+			c.queued = false // the push
+			continue
+		}
+		if len(c.sends) == 0 {
+			break // unsolicited: the client's own checks end the claim
+		}
+		deadline := c.confirmed.Add(c.timeout)
+		if c.replies++; c.replies == c.holdReply && time.Now().Before(deadline) {
+			c.heldFrom = time.Now()
+			c.mu.Unlock()
+			c.hold(deadline)
+			c.mu.Lock()
+			c.heldUntil = time.Now()
+			select {
+			case <-c.closed:
+				return 0, net.ErrClosed
+			default:
+			}
+		}
+		if !time.Now().Before(deadline) {
+			c.over = true
+			break
+		}
+		c.confirmed, c.sends = c.sends[0], c.sends[1:]
+		c.queued = f.Type == TypeWaiting
+	}
+	return n, err
 }

@@ -125,6 +125,9 @@ mutant push-taken-as-reply client.go 'TestPushAfterLostHeartbeatConfirmsNothing|
 mutant late-frame-confirms client.go 'TestFrameAfterTheDeadlineConfirmsNothing|TestSyncLateFrameConfirmsNothing' . \
   'case !now.Before(deadline):' \
   'case false:'
+mutant late-frame-judged client.go 'TestClientRaceHunt|TestSyncLateFrameConfirmsNothing' . \
+  'case !now.Before(deadline):' \
+  'case !now.Before(deadline) && rerr != nil:'
 mutant no-linger-after-loss client.go 'TestLostLockKeepsItsConnectionUntilRelease|TestHolderStopsBeforeTheServerReleases' . \
   'if lost {' \
   'if lost && false {'
