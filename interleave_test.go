@@ -162,18 +162,25 @@ func TestInterleavingHeartbeatReplyAfterForceRelease(t *testing.T) {
 		}
 		tB := mustRead(t, b, TypeAcquired).Token
 		rest := readRest(a)
-		lines := l.log.snapshot()
-		t.Logf("a received after the HEARTBEAT: %+v", rest)
 		t.Logf("b was granted token %d; a held %d", tB, tA)
-		for i, line := range lines[forcedAt:] {
-			t.Logf("server write after ForceRelease returned #%d: %s", i, line)
-		}
-		for _, f := range rest {
-			if f.Type == TypeAcquired {
-				t.Errorf("a was told ACQUIRED (token %d) after ForceRelease took it out of the table and b holds token %d", f.Token, tB)
-			}
-		}
+		noAcquiredAfterForce(t, rest, l.log.snapshot()[forcedAt:], tB)
 	})
+}
+
+// noAcquiredAfterForce checks what a received after ForceRelease ended its
+// session (rest): never ACQUIRED, which would now belong to b's token tB.
+// It logs the server's writes after ForceRelease returned, for the reader.
+func noAcquiredAfterForce(t *testing.T, rest []Frame, writes []string, tB uint64) {
+	t.Helper()
+	t.Logf("a received: %+v", rest)
+	for i, line := range writes {
+		t.Logf("server write after ForceRelease returned #%d: %s", i, line)
+	}
+	for _, f := range rest {
+		if f.Type == TypeAcquired {
+			t.Errorf("a was told ACQUIRED (token %d) after ForceRelease ended its session and granted b token %d", f.Token, tB)
+		}
+	}
 }
 
 // A waiter is promoted by its holder's end; before the push takes the
@@ -238,16 +245,7 @@ func TestInterleavingPushAfterForceRelease(t *testing.T) {
 		var once sync.Once
 		as.onSetRD = func() { once.Do(func() { time.Sleep(time.Millisecond) }) }
 
-		rest := readRest(a)
-		t.Logf("a received: %+v (b holds token %d)", rest, tB)
-		for i, line := range l.log.snapshot()[mark:] {
-			t.Logf("server write after ForceRelease returned #%d: %s", i, line)
-		}
-		for _, f := range rest {
-			if f.Type == TypeAcquired {
-				t.Errorf("pushed ACQUIRED (token %d) to a after ForceRelease ended it and granted b token %d", f.Token, tB)
-			}
-		}
+		noAcquiredAfterForce(t, readRest(a), l.log.snapshot()[mark:], tB)
 	})
 }
 
