@@ -241,7 +241,7 @@ func huntDoClients(seed uint64, realTime bool) (st huntStats, bad string) {
 			// time the client could hear the cut may still be stopping when
 			// the server, hearing the cut, has freed the lock. No client can
 			// prevent that; the README states the limit.
-			stopping := !r.cutAt.IsZero() && !ended.After(r.conn.heard(r.cutAt)) && !g.Time.Before(r.cutAt)
+			stopping := !r.cutAt.IsZero() && !ended.After(r.conn.heard(r.cutAt).Add(slack)) && !g.Time.Before(r.cutAt)
 			if g.Lock == r.lock && g.Time.Before(r.stop) && !stopping {
 				return st, fmt.Sprintf("client %d's fn (token %d of %q, from %v) stopped at %v (told at %v, cause %v, cut at %v), but the server granted token %d at %v; the plans:\n%s",
 					r.client, r.token, r.lock, at(r.start), at(r.stop), at(r.told), r.cause, at(r.cutAt), g.Token, at(g.Time), strings.Join(plans, ""))
@@ -283,9 +283,10 @@ func (l *faultyListener) Addr() net.Addr { return pipeAddr("pipe") }
 
 // faultyPipe connects a client to l through a relay that follows a plan
 // drawn from rng, and returns the client's end and the plan's wording. A
-// plan is up to two changes of the delays in each direction, then perhaps
-// one end: the loss of all bytes one way or both (for good, as in a
-// partition: a stream that lost bytes cannot resume), or a cut.
+// plan is perhaps a split of every server frame after its first byte, the
+// rest a while later; up to two changes of the delays in each direction;
+// then perhaps one end: the loss of all bytes one way or both (for good,
+// as in a partition: a stream that lost bytes cannot resume), or a cut.
 func faultyPipe(l *faultyListener, rng *rand.Rand, start time.Time) (_ net.Conn, plan string, cutAt time.Time) {
 	client, relayC := net.Pipe()
 	relayS, server := net.Pipe()
@@ -295,6 +296,11 @@ func faultyPipe(l *faultyListener, rng *rand.Rand, start time.Time) (_ net.Conn,
 	}
 	var phases []phase
 	var steps []string
+	var split time.Duration
+	if rng.IntN(4) == 0 {
+		split = time.Duration(rng.Int64N(int64(500 * time.Millisecond)))
+		steps = append(steps, fmt.Sprintf("each server frame's first byte %v before the rest", split))
+	}
 	at := time.Now()
 	for range rng.IntN(3) {
 		at = at.Add(time.Duration(rng.Int64N(int64(1500 * time.Millisecond))))
@@ -379,8 +385,11 @@ func faultyPipe(l *faultyListener, rng *rand.Rand, start time.Time) (_ net.Conn,
 				}
 				continue
 			}
-			if n > 0 {
-				chunks <- chunk{append([]byte(nil), buf[:n]...), now.Add(delay(dir, now))}
+			if due := now.Add(delay(dir, now)); n > 1 && dir == down && split > 0 {
+				chunks <- chunk{[]byte{buf[0]}, due}
+				chunks <- chunk{append([]byte(nil), buf[1:n]...), due.Add(split)}
+			} else if n > 0 {
+				chunks <- chunk{append([]byte(nil), buf[:n]...), due}
 			}
 			if err != nil {
 				close(chunks)
@@ -420,6 +429,7 @@ type deadlineConn struct {
 	heldFrom  time.Time     // when the held reply was read, or zero
 	heldUntil time.Time     // when it was delivered
 	in        []byte        // the start of a server frame
+	out       []byte        // the start of a client frame
 }
 
 // deadline is the claim's last deadline: after it, the claim is over.
@@ -471,9 +481,11 @@ func (c *deadlineConn) Close() error {
 	return c.Conn.Close()
 }
 
+// Write counts a request as sent when its last byte is written: later
+// than the client's count, so never a deadline earlier than the client's.
 func (c *deadlineConn) Write(b []byte) (int, error) {
 	c.mu.Lock()
-	if f, err := ReadFrame(bytes.NewReader(b)); err == nil && !c.over {
+	for _, f := range completeFrames(&c.out, b) {
 		if f.Type == TypeAcquire {
 			c.timeout = time.Duration(f.LeaseMS) * time.Millisecond / 5 * 4
 			c.confirmed = time.Now()
@@ -484,18 +496,23 @@ func (c *deadlineConn) Write(b []byte) (int, error) {
 	return c.Conn.Write(b)
 }
 
+// completeFrames appends b to the stream's incomplete frame *part and returns the
+// frames that it completes.
+func completeFrames(part *[]byte, b []byte) (fs []Frame) {
+	*part = append(*part, b...)
+	r, rest := bytes.NewReader(*part), len(*part)
+	for f, err := ReadFrame(r); err == nil; f, err = ReadFrame(r) {
+		fs, rest = append(fs, f), r.Len()
+	}
+	*part = (*part)[len(*part)-rest:]
+	return fs
+}
+
 func (c *deadlineConn) Read(b []byte) (int, error) {
 	n, err := c.Conn.Read(b)
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.in = append(c.in, b[:n]...)
-	var frames []Frame
-	r, rest := bytes.NewReader(c.in), len(c.in)
-	for f, ferr := ReadFrame(r); ferr == nil; f, ferr = ReadFrame(r) {
-		frames, rest = append(frames, f), r.Len()
-	}
-	c.in = c.in[len(c.in)-rest:]
-	for _, f := range frames {
+	for _, f := range completeFrames(&c.in, b[:n]) {
 		if c.over || f.Type == TypeError {
 			c.over = true
 			break
