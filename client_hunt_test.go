@@ -496,8 +496,8 @@ func (c *deadlineConn) Write(b []byte) (int, error) {
 	return c.Conn.Write(b)
 }
 
-// completeFrames appends b to the stream's incomplete frame *part and returns the
-// frames that it completes.
+// completeFrames appends b to a stream's incomplete frame, *part, and
+// returns the frames that b completes.
 func completeFrames(part *[]byte, b []byte) (fs []Frame) {
 	*part = append(*part, b...)
 	r, rest := bytes.NewReader(*part), len(*part)
