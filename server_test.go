@@ -265,8 +265,8 @@ func TestIOTimeout(t *testing.T) {
 		{"ACQUIRE without its name", []byte{TypeAcquire, 1, 0, 0, 3, 0xe8, 0, 5, 'a', 'b'}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			start := time.Now() // before the dial: the server's clock starts at its accept
 			c := dialRaw(t, addr)
-			start := time.Now()
 			c.sendBytes(tc.sent)
 			c.expectClosed(wait)
 			if d := time.Since(start); d < ioTimeout {
