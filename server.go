@@ -4,11 +4,13 @@ import (
 	"container/list"
 	"context"
 	"crypto/tls"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
 	"net"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -17,23 +19,25 @@ import (
 	"unicode/utf8"
 )
 
-// The rules the code below keeps; where it relies on one, it names it.
+// The rules the code below keeps; docs/sessions.md explains the design.
+// Each rule names the one function that enforces it.
 //
-//  1. Lock order: s.wmu, then srv.mu. No network I/O while srv.mu is held.
-//  2. A session's token changes from 0 once, under srv.mu, at its grant.
-//  3. s.lock != nil means s is its lock's holder or in its queue.
-//  4. A session ends on one path, end: it leaves the table (promoting the
-//     next waiter), writes its final frame, closes. Shutdown and
-//     administrators take it out of the table themselves; out of it, no
-//     promotion reaches it and no token is spent on it.
-//  5. After the final frame or a failed write, nothing is written (final,
-//     under wmu). A session Shutdown or an administrator took out (stop)
-//     gets only its final frame: no push decided before, no late answer.
-//  6. Shutdown and administrators set s.stop under srv.mu, then a past read
-//     deadline. Whoever re-arms a read deadline checks s.stop afterwards, so
-//     either it sees the flag or the past deadline overrides its own.
-//  7. Events are queued under srv.mu with the table change they describe, so
-//     they keep the table's order and are queued before wg.Wait returns.
+//  1. srv.mu guards the table and every session's protocol state (phase,
+//     place, token, seen, outbox, writer). No network I/O happens under it,
+//     and no goroutine waits for another's socket or mutex but srv.mu.
+//  2. A frame is decided under srv.mu, into the session's outbox, by owe,
+//     and only while the session is alive. Only drain writes, and only the
+//     goroutine that claimed the writer's role (claimLocked): one write at
+//     a time, in the order decided.
+//  3. endLocked is the only way out of the table. From then on nothing is
+//     decided for the session but its final ERROR; stopLocked (another
+//     party's end) first drops what was decided and not yet taken.
+//  4. promoteLocked grants only a waiter whose lease has not passed.
+//  5. Only the session's goroutine reads conn; only drain (after the final
+//     frame) and Close close it. For a decision made by anyone else,
+//     wakeLocked starts a writer: nobody waits on another session's socket.
+//  6. Events are queued under srv.mu with the table change they describe
+//     (emitLocked), so they keep the table's order.
 
 // DefaultIOTimeout is the io-timeout of a Server whose IOTimeout is zero.
 const DefaultIOTimeout = 5 * time.Second
@@ -55,7 +59,7 @@ type Server struct {
 	// Authorize, if set, decides whether a client may acquire a lock (else
 	// ERROR 0x18); identity is that of its verified TLS certificate (see
 	// Identity), or empty. Called with no lock held, it must return
-	// promptly: Shutdown waits for it.
+	// promptly: Shutdown waits for it until its ctx ends.
 	Authorize func(identity, lock string) bool
 
 	// OnEvent, if set, is told of every grant, release, denial and admin
@@ -66,21 +70,21 @@ type Server struct {
 	OnEvent func(Event)
 
 	closing atomic.Bool
-	wg      sync.WaitGroup // one per session, until end
+	wg      sync.WaitGroup // session goroutines and writers
 	eventWG sync.WaitGroup // the event goroutine, while there is one
 
 	accepted, acceptErrors, tlsHandshakeErrors atomic.Uint64
-	acquires, denials, heartbeats              atomic.Uint64
-	protocolErrors                             [256]atomic.Uint64 // ERROR frames sent, by code
+	denials                                    atomic.Uint64
+	protocolErrors                             [256]atomic.Uint64 // ERROR frames written, by code
 	handshakeLog, denialLog                    infoLimit
 
-	mu         sync.Mutex // guards everything below; never held during I/O
+	mu         sync.Mutex // guards everything below and every session's state (rule 1)
 	locks      map[string]*lock
-	sessions   map[*session]struct{}
+	sessions   map[*session]struct{} // until their connection is closed
 	listeners  map[net.Listener]struct{}
 	lastToken  uint64
 	done       chan struct{} // closed when shutdown begins
-	counts     Stats         // Grants, Releases, WaitTotal, HoldTotal, EventsDropped
+	counts     Stats         // Acquires, Heartbeats, Grants, Releases, WaitTotal, HoldTotal, EventsDropped
 	events     []Event       // not yet delivered
 	delivering bool          // an event goroutine runs
 }
@@ -94,8 +98,20 @@ type lock struct {
 	waiters list.List // of *session, strict FIFO
 }
 
+// A phase of a session; it only ever moves forward.
+type phase uint8
+
+const (
+	phaseHandshake phase = iota // TLS: no frame can be written yet
+	phaseConnected              // reading the ACQUIRE
+	phaseWaiting
+	phaseHolding
+	phaseEnding // out of the table: only its final frame and the close remain
+	phaseClosed
+)
+
 // session is one connection. Its goroutine (one at a time: see serve)
-// alone reads conn; it and its promoter write, serialized by wmu.
+// alone reads conn; the writer of the moment writes it (drain).
 type session struct {
 	srv      *Server
 	conn     net.Conn
@@ -103,22 +119,24 @@ type session struct {
 	identity string        // from the client's certificate, set after the handshake
 	name     string        // set before the session joins the table
 	lease    time.Duration // likewise
-	stop     atomic.Uint32 // the Code that Shutdown or an administrator ended it with (rule 6)
-	wtimeout atomic.Bool   // a write took longer than the io-timeout
 
-	lock  *lock         // guarded by srv.mu (rule 3)
-	elem  *list.Element // guarded by srv.mu; non-nil while waiting
-	since time.Time     // guarded by srv.mu: queued at, then granted at
+	// Guarded by srv.mu (rule 1).
+	phase phase
+	lock  *lock         // holder's or waiter's lock, until endLocked
+	elem  *list.Element // non-nil while waiting
+	since time.Time     // queued at, then granted at
+	seen  time.Time     // lastSeenAt: the read of the last valid frame
+	token uint64        // of the grant; 0 while waiting
 
-	// token is 0 while waiting (rule 2); written under srv.mu and read under
-	// wmu, so a reply reports the state at the moment it is written.
-	token atomic.Uint64
+	// The outbox (rule 2), written in this order: the state only moves
+	// forward, so no WAITING is ever decided after an ACQUIRED.
+	owedWaiting, owedAcquired uint32
+	final                     error // the final ERROR's cause, while ending
+	writing                   bool  // a goroutine has the writer's role
 
-	wmu   sync.Mutex
-	final bool // guarded by wmu (rule 5)
-	wbuf  [9]byte
+	wbuf [9]byte // the writer's
 
-	rbuf [32]byte // read ahead, so that an ACQUIRE with a short name takes one read
+	rbuf [32]byte // read ahead; the session goroutine's own
 	r, w uint8    // the unread part of rbuf
 }
 
@@ -220,6 +238,9 @@ func (srv *Server) Serve(l net.Listener) error {
 func (srv *Server) start(conn net.Conn) {
 	srv.accepted.Add(1)
 	s := &session{srv: srv, conn: conn, remote: conn.RemoteAddr().String()}
+	if _, ok := conn.(*tls.Conn); !ok {
+		s.phase = phaseConnected
+	}
 	srv.mu.Lock()
 	if srv.closing.Load() {
 		srv.mu.Unlock()
@@ -235,11 +256,13 @@ func (srv *Server) start(conn net.Conn) {
 // Shutdown stops accepting, sends ERROR 0x01 to every session, promoting
 // no waiter, and waits for them, closing at once those not done within an
 // io-timeout (a client that does not read); then for OnEvent. If ctx ends
-// first, it closes what is still open and returns ctx's error.
+// first, it closes every connection and returns ctx's error at once.
 func (srv *Server) Shutdown(ctx context.Context) error {
-	for _, s := range srv.beginClose() {
-		s.conn.SetReadDeadline(time.Unix(1, 0)) // rule 6: its goroutine sends 0x01 and ends
+	srv.mu.Lock()
+	for s := range srv.beginCloseLocked() {
+		srv.wakeLocked(s)
 	}
+	srv.mu.Unlock()
 	finished := waitChan(&srv.wg)
 	bound := time.NewTimer(srv.ioTimeout())
 	defer bound.Stop()
@@ -247,10 +270,13 @@ func (srv *Server) Shutdown(ctx context.Context) error {
 	case <-finished:
 	case <-bound.C:
 		srv.Close()
-		<-finished // at once: every connection is closed
 	case <-ctx.Done():
 		srv.Close()
-		<-finished
+		return ctx.Err()
+	}
+	select {
+	case <-finished: // at once after Close, unless an Authorize call is running
+	case <-ctx.Done():
 		return ctx.Err()
 	}
 	select {
@@ -268,19 +294,27 @@ func waitChan(wg *sync.WaitGroup) <-chan struct{} {
 }
 
 // Close stops accepting and closes every connection at once; a session
-// between two frames may still be sent ERROR 0x01. It does not wait.
+// may still be sent ERROR 0x01 if its writer was between two writes. It
+// does not wait.
 func (srv *Server) Close() error {
-	for _, s := range srv.beginClose() {
-		closeConn(s.conn)
+	srv.mu.Lock()
+	srv.beginCloseLocked()
+	conns := make([]net.Conn, 0, len(srv.sessions))
+	for s := range srv.sessions {
+		s.phase = phaseClosed
+		conns = append(conns, s.conn)
+	}
+	clear(srv.sessions)
+	srv.mu.Unlock()
+	for _, c := range conns {
+		closeConn(c)
 	}
 	return nil
 }
 
-// beginClose marks the server closing, closes the listeners, takes every
-// session out of the table without promoting anyone, and returns them.
-func (srv *Server) beginClose() []*session {
-	srv.mu.Lock()
-	defer srv.mu.Unlock()
+// beginCloseLocked marks the server closing, closes the listeners and ends
+// every session without promoting anyone; it returns the sessions.
+func (srv *Server) beginCloseLocked() map[*session]struct{} {
 	srv.initLocked()
 	if !srv.closing.Swap(true) {
 		close(srv.done)
@@ -288,12 +322,10 @@ func (srv *Server) beginClose() []*session {
 	for l := range srv.listeners {
 		l.Close() // not network I/O: it only releases the descriptor
 	}
-	sessions := make([]*session, 0, len(srv.sessions))
 	for s := range srv.sessions {
-		srv.stopLocked(s, CodeShuttingDown)
-		sessions = append(sessions, s)
+		srv.stopLocked(s, ErrShuttingDown)
 	}
-	return sessions
+	return srv.sessions
 }
 
 // closeConn skips TLS's close_notify, which waits up to 5 s for a client
@@ -305,6 +337,18 @@ func closeConn(c net.Conn) {
 	c.Close()
 }
 
+// Why a session ended, besides the errors it sent and the I/O errors.
+var (
+	errExpired   = errors.New("silent for longer than its lease")
+	errIOTimeout = errors.New("io-timeout")
+	errUnread    = errors.New("more than 65536 answers unread: heartbeats sent without waiting for replies")
+	errEnded     = errors.New("ended by the server") // Shutdown, an administrator or a failed write
+)
+
+// maxOwed bounds the answers a session may owe while another writer is
+// busy with it: a client that sends and never reads ends instead.
+const maxOwed = 1 << 16
+
 // serve handshakes and reads the ACQUIRE; once the session joined the
 // table, a fresh goroutine takes it over. The first frame is the deepest
 // work, and Go does not shrink a stack back while it waits in a read: the
@@ -312,115 +356,69 @@ func closeConn(c net.Conn) {
 func (s *session) serve() {
 	if tc, ok := s.conn.(*tls.Conn); ok {
 		if err := s.handshake(tc); err != nil {
-			s.final = true // a frame now would only start another handshake
 			s.end(err)
 			return
 		}
 	}
-	deadline, why := s.run(0, time.Now().Add(s.srv.ioTimeout()))
-	if why != errJoined {
-		s.end(why)
+	if err := s.acquire(); err != nil {
+		s.end(err)
 		return
 	}
-	go func() { // owns the session from here on
-		_, why := s.run(s.lease, deadline)
-		s.end(why)
-	}()
-}
-
-// stopped is the error Shutdown or an administrator ended s with, or nil.
-func (s *session) stopped() error {
-	if code := s.stop.Load(); code != 0 {
-		return Code(code).Err()
-	}
-	return nil
-}
-
-// Why a session ended, besides the errors it sent and the I/O errors.
-var (
-	errExpired   = errors.New("silent for longer than its lease")
-	errIOTimeout = errors.New("io-timeout")
-	errJoined    = errors.New("joined the table") // not an end: see serve
-)
-
-// run reads and answers frames, the next one due by deadline, until the
-// session must end, and says why; before the ACQUIRE (lease 0) it returns
-// errJoined and the next deadline once the session joined the table.
-func (s *session) run(lease time.Duration, deadline time.Time) (next time.Time, why error) {
-	for {
-		s.conn.SetReadDeadline(deadline)
-		if err := s.stopped(); err != nil { // rule 6
-			return deadline, err
-		}
-		if s.r == s.w { // the only place an idle session waits
-			n, err := s.conn.Read(s.rbuf[:])
-			if n == 0 {
-				switch {
-				case isTimeout(err) && lease != 0:
-					err = errExpired
-				case isTimeout(err):
-					err = errIOTimeout
-				}
-				return deadline, err
-			}
-			s.r, s.w = 0, uint8(n)
-		}
-		typ := s.rbuf[s.r]
-		s.r++
-		seen := time.Now() // lastSeenAt, if the frame turns out valid
-		switch {
-		case typ == TypeHeartbeat && lease == 0:
-			return deadline, ErrAcquireFirst
-		case typ == TypeHeartbeat:
-			s.srv.heartbeats.Add(1)
-			if err := s.writeState(); err != nil {
-				return deadline, err
-			}
-		case typ == TypeAcquire && lease != 0:
-			return deadline, ErrDuplicateAcquire
-		case typ == TypeAcquire:
-			if err := s.acquire(); err != nil {
-				return deadline, err
-			}
-			return time.Now().Add(s.lease), errJoined
-		default:
-			return deadline, unknownType(typ)
-		}
-		deadline = seen.Add(lease)
-	}
+	go s.run()
 }
 
 // handshake is explicit so that a client stalling it meets the io-timeout,
 // and the identity is known before the first frame.
 func (s *session) handshake(tc *tls.Conn) error {
-	tc.SetDeadline(time.Now().Add(s.srv.ioTimeout()))
-	if err := s.stopped(); err != nil { // rule 6
-		return err
-	}
+	srv := s.srv
+	tc.SetDeadline(time.Now().Add(srv.ioTimeout()))
 	if err := tc.Handshake(); err != nil {
-		if s.stopped() == nil {
-			s.srv.tlsHandshakeErrors.Add(1)
-			s.srv.infoLimited(&s.srv.handshakeLog, "TLS handshake failed", "remote", s.remote, "err", err)
+		srv.mu.Lock()
+		stopped := s.phase >= phaseEnding
+		srv.mu.Unlock()
+		if !stopped {
+			srv.tlsHandshakeErrors.Add(1)
+			srv.infoLimited(&srv.handshakeLog, "TLS handshake failed", "remote", s.remote, "err", err)
 		}
 		return fmt.Errorf("TLS handshake: %w", err)
 	}
+	srv.mu.Lock()
+	if s.phase == phaseHandshake {
+		s.phase = phaseConnected
+	}
+	srv.mu.Unlock()
 	s.identity = Identity(tc.ConnectionState())
 	return nil
 }
 
-// acquire reads the rest of an ACQUIRE, checks it, and joins the table.
+// acquire reads the first frame, which must be a valid ACQUIRE, checks it,
+// and joins the table.
 func (s *session) acquire() error {
 	srv := s.srv
 	s.conn.SetReadDeadline(time.Now().Add(srv.ioTimeout()))
-	if err := s.stopped(); err != nil { // rule 6
+	n, err := s.conn.Read(s.rbuf[:])
+	if n == 0 {
+		if isTimeout(err) {
+			return errIOTimeout
+		}
 		return err
 	}
+	s.r, s.w = 1, uint8(n)
+	switch typ := s.rbuf[0]; typ {
+	case TypeHeartbeat:
+		return ErrAcquireFirst
+	case TypeAcquire:
+	default:
+		return unknownType(typ)
+	}
+	s.conn.SetReadDeadline(time.Now().Add(srv.ioTimeout())) // the rest of a begun frame
 	f, err := readAcquire(s)
 	if isTimeout(err) {
 		return errIOTimeout
 	} else if err != nil {
 		return err
 	}
+	read := time.Now() // lastSeenAt
 	s.name = f.Name
 	if srv.Authorize != nil && !srv.Authorize(s.identity, f.Name) {
 		srv.denials.Add(1)
@@ -431,8 +429,14 @@ func (s *session) acquire() error {
 		return fmt.Errorf("%w %q", ErrNotAuthorized, f.Name)
 	}
 	s.lease = time.Duration(f.LeaseMS) * time.Millisecond
-	srv.acquires.Add(1)
-	return srv.join(s)
+	srv.mu.Lock()
+	joined := srv.joinLocked(s, read)
+	srv.mu.Unlock()
+	if !joined {
+		return ErrShuttingDown
+	}
+	s.drainOwn()
+	return nil
 }
 
 // Read is io.Reader through the session's buffer, for the rest of a frame.
@@ -443,6 +447,79 @@ func (s *session) Read(p []byte) (int, error) {
 	n := copy(p, s.rbuf[s.r:s.w])
 	s.r += uint8(n)
 	return n, nil
+}
+
+// run reads and answers heartbeats until the session ends. It reads at
+// most len(rbuf) bytes at a time and answers them in one write before it
+// reads again, so a client that sends faster than it reads is held back by
+// its own socket. After a read of more than one byte, which a client that
+// keeps one heartbeat in flight never causes, it yields the processor, so
+// that a flood is served in turns with everyone else.
+func (s *session) run() {
+	srv := s.srv
+	srv.mu.Lock()
+	deadline, alive := s.seen.Add(s.lease), s.phase < phaseEnding
+	srv.mu.Unlock()
+	if !alive { // ended while its first answer was written
+		s.end(nil)
+		return
+	}
+	for {
+		flood := false
+		if s.r == s.w {
+			s.conn.SetReadDeadline(deadline)
+			n, err := s.conn.Read(s.rbuf[:])
+			if n == 0 {
+				if isTimeout(err) {
+					err = errExpired
+				}
+				s.end(err)
+				return
+			}
+			s.r, s.w, flood = 0, uint8(n), n > 1
+		}
+		now := time.Now()
+		beats := 0
+		for s.r < s.w && s.rbuf[s.r] == TypeHeartbeat {
+			beats++
+			s.r++
+		}
+		var bad error
+		if s.r < s.w {
+			bad = unknownType(s.rbuf[s.r])
+			if s.rbuf[s.r] == TypeAcquire {
+				bad = ErrDuplicateAcquire
+			}
+			s.r = s.w
+		}
+		srv.mu.Lock()
+		why := srv.heartbeatLocked(s, beats, now, bad)
+		srv.mu.Unlock()
+		if why != nil {
+			s.end(why)
+			return
+		}
+		s.drainOwn()
+		deadline = now.Add(s.lease)
+		if flood {
+			runtime.Gosched()
+		}
+	}
+}
+
+// end ends the session for a cause its own goroutine met (a no-op if it
+// has ended already), writes what is owed unless another writer is at it
+// (drain closes the connection after it) and retires the goroutine.
+func (s *session) end(why error) {
+	srv := s.srv
+	srv.mu.Lock()
+	srv.endLocked(s, why)
+	srv.mu.Unlock()
+	s.drainOwn()
+	if log := srv.log(); log.Enabled(context.Background(), slog.LevelDebug) { // no allocations per session otherwise
+		log.Debug("session ended", "remote", s.remote, "lock", s.name, "why", why)
+	}
+	srv.wg.Done()
 }
 
 // Identity is the first URI SAN of a verified client certificate, else its
@@ -466,46 +543,71 @@ func isTimeout(err error) bool {
 	return errors.As(err, &ne) && ne.Timeout()
 }
 
-// join makes s its lock's holder or last waiter and answers, holding wmu
-// from before the change (rule 1): a racing promotion comes after WAITING.
-func (srv *Server) join(s *session) error {
-	s.wmu.Lock()
-	defer s.wmu.Unlock()
-	srv.mu.Lock()
-	if err := s.stopped(); err != nil { // Shutdown passed this session by: rule 6
-		srv.mu.Unlock()
-		return err
+// joinLocked makes s its lock's holder or last waiter and decides the
+// answer, unless Shutdown ended s while it read its ACQUIRE.
+func (srv *Server) joinLocked(s *session, read time.Time) bool {
+	if s.phase >= phaseEnding {
+		return false
 	}
+	srv.counts.Acquires++
 	l := srv.locks[s.name]
 	if l == nil {
 		l = &lock{}
 		srv.locks[s.name] = l
 	}
-	s.lock = l
-	s.since = time.Now()
-	var token uint64
+	s.lock, s.seen, s.since = l, read, time.Now()
 	if l.holder == nil {
-		token = srv.grantLocked(l, s)
+		srv.grantLocked(l, s)
 	} else {
+		s.phase = phaseWaiting
 		s.elem = l.waiters.PushBack(s)
+		s.owe(1)
 	}
-	srv.mu.Unlock()
-	// Not a reload of s.token: a promotion since has its own push, and a
-	// second ACQUIRED here could not be told from a reply.
-	return s.writeStateLocked(token)
+	return true
 }
 
-// grantLocked makes s the holder of l with a fresh token (rule 2).
-func (srv *Server) grantLocked(l *lock, s *session) uint64 {
+// heartbeatLocked decides the answers to beats heartbeats read at now,
+// followed by a bad frame if bad is set. It returns why s must end, or
+// nil; a session someone else ended returns errEnded, already ended.
+func (srv *Server) heartbeatLocked(s *session, beats int, now time.Time, bad error) error {
+	switch {
+	case s.phase >= phaseEnding:
+		return errEnded
+	case now.Sub(s.seen) > s.lease: // the frame came too late
+		return errExpired
+	case s.owedWaiting+s.owedAcquired > maxOwed:
+		return errUnread
+	}
+	if beats > 0 {
+		s.seen = now
+		s.owe(beats)
+		srv.counts.Heartbeats += uint64(beats)
+	}
+	return bad
+}
+
+// owe decides n answers with the session's state: WAITING, or ACQUIRED
+// with its token (rule 2). The caller holds srv.mu and has checked that s
+// is alive.
+func (s *session) owe(n int) {
+	if s.phase == phaseWaiting {
+		s.owedWaiting += uint32(n)
+	} else {
+		s.owedAcquired += uint32(n)
+	}
+}
+
+// grantLocked makes s the holder of l with a fresh token and decides its
+// ACQUIRED (rule 2).
+func (srv *Server) grantLocked(l *lock, s *session) {
 	now := time.Now()
 	wait := now.Sub(s.since)
-	l.holder, s.since = s, now
-	token := srv.nextTokenLocked(now)
-	s.token.Store(token)
+	l.holder, s.since, s.phase = s, now, phaseHolding
+	s.token = srv.nextTokenLocked(now)
+	s.owe(1)
 	srv.counts.Grants++
 	srv.counts.WaitTotal += wait
-	srv.emitLocked(Event{Type: EventGranted, Token: token, Wait: wait}, s)
-	return token
+	srv.emitLocked(Event{Type: EventGranted, Token: s.token, Wait: wait}, s)
 }
 
 // nextTokenLocked is above every token given and at least now in Unix ns:
@@ -519,43 +621,23 @@ func (srv *Server) nextTokenLocked(now time.Time) uint64 {
 	return t
 }
 
-// end is the one way a session ends (rule 4), on its last goroutine.
-func (s *session) end(why error) {
-	srv := s.srv
-	if err := s.stopped(); err != nil {
-		why = err // whatever else went wrong came of being stopped
-	} else if s.wtimeout.Load() {
-		why = errIOTimeout // a push to it failed, and closed the connection
+// endLocked takes s out of the table, once, for every cause (rule 3): a
+// holder's lock goes to the next live waiter, never while closing. It
+// decides s's final ERROR when why has a code; drain then closes.
+func (srv *Server) endLocked(s *session, why error) {
+	if s.phase >= phaseEnding {
+		return
 	}
-	srv.mu.Lock()
-	next, token := srv.leaveLocked(s, why)
-	srv.mu.Unlock()
-	if next != nil {
-		next.push(token)
+	if s.phase == phaseHandshake {
+		why = nil // a frame now would only start another handshake
 	}
-	s.wmu.Lock()
-	if code, ok := codeOf(why); ok && !s.final {
-		srv.protocolErrors[code].Add(1)
-		s.writeErrorLocked(code, why.Error())
+	s.phase, s.final = phaseEnding, nil
+	if _, ok := codeOf(why); ok {
+		s.final = why
 	}
-	s.final = true
-	s.wmu.Unlock()
-	closeConn(s.conn)
-	srv.mu.Lock()
-	delete(srv.sessions, s) // only now: Close must reach a final frame's write
-	srv.mu.Unlock()
-	if log := srv.log(); log.Enabled(context.Background(), slog.LevelDebug) { // no allocations per session otherwise
-		log.Debug("session ended", "remote", s.remote, "lock", s.name, "why", why)
-	}
-	srv.wg.Done()
-}
-
-// leaveLocked takes s out of the table, once (rule 3). The head waiter it
-// promotes, never while closing, is returned for a push outside srv.mu.
-func (srv *Server) leaveLocked(s *session, why error) (next *session, token uint64) {
 	l := s.lock
 	if l == nil {
-		return nil, 0
+		return
 	}
 	s.lock = nil
 	if l.holder == s {
@@ -563,11 +645,9 @@ func (srv *Server) leaveLocked(s *session, why error) (next *session, token uint
 		held, reason := time.Since(s.since), releaseReason(why)
 		srv.counts.Releases[reason]++
 		srv.counts.HoldTotal += held
-		srv.emitLocked(Event{Type: EventReleased, Token: s.token.Load(), Held: held, Reason: reason}, s)
-		if front := l.waiters.Front(); front != nil && !srv.closing.Load() {
-			next = l.waiters.Remove(front).(*session)
-			next.elem = nil
-			token = srv.grantLocked(l, next)
+		srv.emitLocked(Event{Type: EventReleased, Token: s.token, Held: held, Reason: reason}, s)
+		if !srv.closing.Load() {
+			srv.promoteLocked(l)
 		}
 	} else {
 		l.waiters.Remove(s.elem)
@@ -576,14 +656,70 @@ func (srv *Server) leaveLocked(s *session, why error) (next *session, token uint
 	if l.holder == nil && l.waiters.Len() == 0 {
 		delete(srv.locks, s.name)
 	}
-	return next, token
 }
 
-// stopLocked ends s for Shutdown and administrators (rule 4); the caller
-// then wakes its goroutine with a past read deadline (rule 6).
-func (srv *Server) stopLocked(s *session, code Code) (next *session, token uint64) {
-	s.stop.CompareAndSwap(0, uint32(code))
-	return srv.leaveLocked(s, code.Err())
+// stopLocked ends s by another party's decision (Shutdown, an
+// administrator, a failed write, its lease seen by a promoter): what was
+// decided for s and not yet taken by a writer is dropped (rule 3).
+func (srv *Server) stopLocked(s *session, why error) {
+	if s.phase < phaseEnding {
+		s.owedWaiting, s.owedAcquired = 0, 0
+		srv.endLocked(s, why)
+	}
+}
+
+// promoteLocked grants l to its first waiter whose lease has not passed
+// by the server's clock (rule 4); those that have are ended as expired,
+// in FIFO order, and so never granted.
+func (srv *Server) promoteLocked(l *lock) {
+	for front := l.waiters.Front(); front != nil; front = l.waiters.Front() {
+		next := l.waiters.Remove(front).(*session)
+		next.elem = nil
+		if time.Since(next.seen) > next.lease {
+			next.lock = nil // out of the queue already
+			srv.stopLocked(next, errExpired)
+			srv.wakeLocked(next)
+			continue
+		}
+		srv.grantLocked(l, next)
+		srv.wakeLocked(next)
+		return
+	}
+}
+
+// wakeLocked makes sure a writer will write what another party decided
+// for s (rule 5): the writer at work if there is one, else a goroutine of
+// its own. The decider never waits on s's socket.
+func (srv *Server) wakeLocked(s *session) {
+	if s.claimLocked() {
+		srv.wg.Add(1)
+		go func() {
+			s.drain()
+			srv.wg.Done()
+		}()
+	}
+}
+
+// claimLocked takes the writer's role of s, if free (rule 2). The writer
+// gives it back only under srv.mu with the outbox empty, so whatever is
+// decided while it holds the role is written by it.
+func (s *session) claimLocked() bool {
+	if s.writing {
+		return false
+	}
+	s.writing = true
+	return true
+}
+
+// drainOwn writes, on the session's own goroutine, what it decided for
+// itself, unless a writer is at work already and will.
+func (s *session) drainOwn() {
+	s.srv.mu.Lock()
+	claimed := s.claimLocked()
+	s.srv.mu.Unlock()
+	if claimed {
+		s.drain()
+	}
 }
 
 // The reasons of a release.
@@ -606,55 +742,109 @@ func releaseReason(why error) string {
 	return ReasonGraceful
 }
 
-// push sends a promotion's ACQUIRED (rule 5). A waiter that cannot take it
-// is closed; its goroutine then ends it, promoting the next.
-func (s *session) push(token uint64) {
-	s.wmu.Lock()
-	defer s.wmu.Unlock()
-	if !s.final && s.stop.Load() == 0 && s.writeStateLocked(token) != nil {
-		closeConn(s.conn)
+// drain is the one writer (rule 2), run by the goroutine that claimed the
+// role: it takes what was decided for s, writes it with srv.mu released,
+// and repeats until nothing is left; after an ending session's last frame
+// it closes the connection. A write to a live session is due by the end
+// of its lease as well as the io-timeout: a client that neither reads nor
+// sends is dropped as silent. After a failed write nothing more is
+// written: the stream may have ended inside a frame.
+func (s *session) drain() {
+	srv := s.srv
+	for {
+		srv.mu.Lock()
+		b, code, due := s.takeLocked()
+		if b == nil {
+			s.writing = false
+			closing := s.phase == phaseEnding
+			if closing {
+				s.phase = phaseClosed
+				delete(srv.sessions, s)
+			}
+			srv.mu.Unlock()
+			if closing {
+				closeConn(s.conn)
+			}
+			return
+		}
+		srv.mu.Unlock()
+		s.conn.SetWriteDeadline(due)
+		_, err := s.conn.Write(b)
+		if cap(b) == maxBatch {
+			batches.Put((*[maxBatch]byte)(b[:maxBatch]))
+		}
+		if err == nil && code != 0 {
+			srv.protocolErrors[code].Add(1)
+		}
+		if err != nil {
+			srv.mu.Lock()
+			if isTimeout(err) {
+				err = errIOTimeout
+				if time.Since(s.seen) > s.lease {
+					err = errExpired
+				}
+			}
+			srv.stopLocked(s, err)
+			s.owedWaiting, s.owedAcquired, s.final = 0, 0, nil
+			srv.mu.Unlock()
+		}
 	}
 }
 
-func (s *session) writeState() error {
-	s.wmu.Lock()
-	defer s.wmu.Unlock()
-	if err := s.stopped(); err != nil { // rule 5
-		return err
+// maxBatch bounds one write: a flood is answered in turns.
+const maxBatch = 1024
+
+var batches = sync.Pool{New: func() any { return new([maxBatch]byte) }}
+
+// takeLocked takes from the outbox, in order, as many frames as fit in
+// one write, and returns their bytes, the final ERROR's code if they end
+// with it, and the write's deadline; nil when nothing is owed or the
+// connection is closed.
+func (s *session) takeLocked() (b []byte, code Code, due time.Time) {
+	if s.phase == phaseClosed {
+		return nil, 0, due
 	}
-	return s.writeStateLocked(s.token.Load())
+	size := int(s.owedWaiting) + 9*int(s.owedAcquired)
+	if s.final != nil {
+		size += 3 + MaxReasonLen
+	}
+	switch {
+	case size == 0:
+		return nil, 0, due
+	case size <= len(s.wbuf):
+		b = s.wbuf[:0]
+	default:
+		b = batches.Get().(*[maxBatch]byte)[:0]
+	}
+	for ; s.owedWaiting > 0 && len(b) < maxBatch; s.owedWaiting-- {
+		b = append(b, TypeWaiting)
+	}
+	for ; s.owedWaiting == 0 && s.owedAcquired > 0 && len(b)+9 <= maxBatch; s.owedAcquired-- {
+		b = binary.BigEndian.AppendUint64(append(b, TypeAcquired), s.token)
+	}
+	if s.final != nil && s.owedWaiting == 0 && s.owedAcquired == 0 && len(b)+3+MaxReasonLen <= maxBatch {
+		code, _ = codeOf(s.final)
+		b, _ = Frame{Type: TypeError, Code: code, Reason: reasonOf(s.final)}.AppendBinary(b)
+		s.final = nil
+	}
+	due = time.Now().Add(s.srv.ioTimeout())
+	if until := s.seen.Add(s.lease); s.phase < phaseEnding && until.Before(due) {
+		due = until
+	}
+	return b, code, due
 }
 
-// writeStateLocked writes ACQUIRED with token, or WAITING for token 0.
-func (s *session) writeStateLocked(token uint64) error {
-	f := Frame{Type: TypeAcquired, Token: token}
-	if token == 0 {
-		f.Type = TypeWaiting
-	}
-	b, _ := f.AppendBinary(s.wbuf[:0])
-	return s.writeLocked(b)
-}
-
-func (s *session) writeErrorLocked(code Code, reason string) error {
+// reasonOf is err's text cut to the protocol's limit, still valid UTF-8.
+func reasonOf(err error) string {
+	reason := err.Error()
 	if len(reason) > MaxReasonLen {
 		cut := MaxReasonLen
 		for !utf8.RuneStart(reason[cut]) {
-			cut-- // keep the reason valid UTF-8
+			cut--
 		}
 		reason = reason[:cut]
 	}
-	b, _ := Frame{Type: TypeError, Code: code, Reason: reason}.AppendBinary(nil)
-	return s.writeLocked(b)
-}
-
-func (s *session) writeLocked(b []byte) error {
-	s.conn.SetWriteDeadline(time.Now().Add(s.srv.ioTimeout()))
-	_, err := s.conn.Write(b)
-	if err != nil {
-		s.final = true // the stream may end mid-frame: rule 5
-		s.wtimeout.Store(isTimeout(err))
-	}
-	return err
+	return reason
 }
 
 // Event is what OnEvent is told. Type says which of the fields are set.
@@ -751,8 +941,7 @@ func (srv *Server) Stats() Stats {
 	}
 	srv.mu.Unlock()
 	st.ConnectionsAccepted, st.AcceptErrors = srv.accepted.Load(), srv.acceptErrors.Load()
-	st.TLSHandshakeErrors, st.Acquires = srv.tlsHandshakeErrors.Load(), srv.acquires.Load()
-	st.Denials, st.Heartbeats = srv.denials.Load(), srv.heartbeats.Load()
+	st.TLSHandshakeErrors, st.Denials = srv.tlsHandshakeErrors.Load(), srv.denials.Load()
 	st.Errors = map[Code]uint64{}
 	for code := range srv.protocolErrors {
 		if n := srv.protocolErrors[code].Load(); n > 0 {
@@ -814,7 +1003,7 @@ func (l *lock) infoLocked(name string) LockInfo {
 }
 
 func (s *session) infoLocked() SessionInfo {
-	return SessionInfo{Identity: s.identity, RemoteAddr: s.remote, Since: s.since, Lease: s.lease, Token: s.token.Load()}
+	return SessionInfo{Identity: s.identity, RemoteAddr: s.remote, Since: s.since, Lease: s.lease, Token: s.token}
 }
 
 // Errors of ForceRelease and KickWaiter.
@@ -831,7 +1020,7 @@ func (srv *Server) ForceRelease(name string, token uint64) (SessionInfo, error) 
 		switch h := l.holder; {
 		case h == nil:
 			return nil, ErrNotFound
-		case token != 0 && h.token.Load() != token:
+		case token != 0 && h.token != token:
 			return nil, ErrStaleToken
 		}
 		return l.holder, nil
@@ -851,23 +1040,21 @@ func (srv *Server) KickWaiter(name, remoteAddr string) (SessionInfo, error) {
 	})
 }
 
+// kick ends the session find picks, under srv.mu like every end, and
+// returns without waiting for its socket or its successor's (rule 5).
 func (srv *Server) kick(name, event string, find func(*lock) (*session, error)) (SessionInfo, error) {
 	srv.mu.Lock()
+	defer srv.mu.Unlock()
 	s, err := (*session)(nil), ErrNotFound
 	if l := srv.locks[name]; l != nil && !srv.closing.Load() {
 		s, err = find(l)
 	}
 	if err != nil {
-		srv.mu.Unlock()
 		return SessionInfo{}, err
 	}
 	info := s.infoLocked()
 	srv.emitLocked(Event{Type: event, Token: info.Token}, s)
-	next, token := srv.stopLocked(s, CodeClosedByAdmin)
-	srv.mu.Unlock()
-	if next != nil {
-		next.push(token)
-	}
-	s.conn.SetReadDeadline(time.Unix(1, 0)) // rule 6
+	srv.stopLocked(s, ErrClosedByAdmin)
+	srv.wakeLocked(s)
 	return info, nil
 }
