@@ -16,28 +16,22 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-	"unicode/utf8"
 )
 
-// The rules the code below keeps; docs/sessions.md explains the design.
-// Each rule names the one function that enforces it.
+// The rules the code keeps (docs/sessions.md explains the design), each
+// enforced in the one function it names:
 //
-//  1. srv.mu guards the table and every session's protocol state (phase,
-//     place, token, seen, outbox, writer). No network I/O happens under it,
-//     and no goroutine waits for another's socket or mutex but srv.mu.
-//  2. A frame is decided under srv.mu, into the session's outbox, by owe,
-//     and only while the session is alive. Only drain writes, and only the
-//     goroutine that claimed the writer's role (claimLocked): one write at
-//     a time, in the order decided.
-//  3. endLocked is the only way out of the table. From then on nothing is
-//     decided for the session but its final ERROR; stopLocked (another
-//     party's end) first drops what was decided and not yet taken.
+//  1. srv.mu guards the table and every session's state; no network I/O
+//     under it, and nobody waits for a lock but srv.mu.
+//  2. owe decides a frame, under srv.mu, only for a live session; drain
+//     alone writes, on the goroutine holding the writer's role (writing).
+//  3. endLocked is the only way out of the table; afterwards only the
+//     final ERROR is decided. stopLocked, another party's end, first drops
+//     what was decided and not yet taken by the writer.
 //  4. promoteLocked grants only a waiter whose lease has not passed.
-//  5. Only the session's goroutine reads conn; only drain (after the final
-//     frame) and Close close it. For a decision made by anyone else,
-//     wakeLocked starts a writer: nobody waits on another session's socket.
-//  6. Events are queued under srv.mu with the table change they describe
-//     (emitLocked), so they keep the table's order.
+//  5. wakeLocked starts a writer for what another party decided: nobody
+//     waits on another session's socket.
+//  6. emitLocked queues events with the table change they describe.
 
 // DefaultIOTimeout is the io-timeout of a Server whose IOTimeout is zero.
 const DefaultIOTimeout = 5 * time.Second
@@ -69,14 +63,10 @@ type Server struct {
 	// Stats.EventsDropped. Shutdown waits for them until its ctx ends.
 	OnEvent func(Event)
 
-	closing atomic.Bool
-	wg      sync.WaitGroup // session goroutines and writers
-	eventWG sync.WaitGroup // the event goroutine, while there is one
-
-	accepted, acceptErrors, tlsHandshakeErrors atomic.Uint64
-	denials                                    atomic.Uint64
-	protocolErrors                             [256]atomic.Uint64 // ERROR frames written, by code
-	handshakeLog, denialLog                    infoLimit
+	closing                 atomic.Bool
+	wg                      sync.WaitGroup // session goroutines and writers
+	eventWG                 sync.WaitGroup // the event goroutine, while there is one
+	handshakeLog, denialLog infoLimit
 
 	mu         sync.Mutex // guards everything below and every session's state (rule 1)
 	locks      map[string]*lock
@@ -84,7 +74,7 @@ type Server struct {
 	listeners  map[net.Listener]struct{}
 	lastToken  uint64
 	done       chan struct{} // closed when shutdown begins
-	counts     Stats         // Acquires, Heartbeats, Grants, Releases, WaitTotal, HoldTotal, EventsDropped
+	counts     Stats         // all but the gauges
 	events     []Event       // not yet delivered
 	delivering bool          // an event goroutine runs
 }
@@ -98,7 +88,7 @@ type lock struct {
 	waiters list.List // of *session, strict FIFO
 }
 
-// A phase of a session; it only ever moves forward.
+// A session's phase only moves forward.
 type phase uint8
 
 const (
@@ -111,7 +101,7 @@ const (
 )
 
 // session is one connection. Its goroutine (one at a time: see serve)
-// alone reads conn; the writer of the moment writes it (drain).
+// alone reads conn; drain writes it.
 type session struct {
 	srv      *Server
 	conn     net.Conn
@@ -128,13 +118,12 @@ type session struct {
 	seen  time.Time     // lastSeenAt: the read of the last valid frame
 	token uint64        // of the grant; 0 while waiting
 
-	// The outbox (rule 2), written in this order: the state only moves
-	// forward, so no WAITING is ever decided after an ACQUIRED.
+	// The outbox, written in this order: no WAITING is ever decided after
+	// an ACQUIRED, as the phase only moves forward.
 	owedWaiting, owedAcquired uint32
 	final                     error // the final ERROR's cause, while ending
 	writing                   bool  // a goroutine has the writer's role
-
-	wbuf [9]byte // the writer's
+	wbuf                      [9]byte
 
 	rbuf [32]byte // read ahead; the session goroutine's own
 	r, w uint8    // the unread part of rbuf
@@ -188,6 +177,7 @@ func (srv *Server) initLocked() {
 		srv.sessions = make(map[*session]struct{})
 		srv.listeners = make(map[net.Listener]struct{})
 		srv.counts.Releases = map[string]uint64{ReasonGraceful: 0, ReasonExpired: 0, ReasonIOTimeout: 0, ReasonForce: 0}
+		srv.counts.Errors = map[Code]uint64{}
 		srv.done = make(chan struct{})
 	}
 }
@@ -221,7 +211,9 @@ func (srv *Server) Serve(l net.Listener) error {
 			if errors.Is(err, net.ErrClosed) {
 				return err
 			}
-			srv.acceptErrors.Add(1)
+			srv.mu.Lock()
+			srv.counts.AcceptErrors++
+			srv.mu.Unlock()
 			delay = min(max(2*delay, 5*time.Millisecond), time.Second)
 			srv.log().Error("accept failed; retrying", "err", err, "retry_in", delay)
 			select {
@@ -236,12 +228,12 @@ func (srv *Server) Serve(l net.Listener) error {
 }
 
 func (srv *Server) start(conn net.Conn) {
-	srv.accepted.Add(1)
 	s := &session{srv: srv, conn: conn, remote: conn.RemoteAddr().String()}
 	if _, ok := conn.(*tls.Conn); !ok {
 		s.phase = phaseConnected
 	}
 	srv.mu.Lock()
+	srv.counts.ConnectionsAccepted++
 	if srv.closing.Load() {
 		srv.mu.Unlock()
 		closeConn(conn)
@@ -263,11 +255,13 @@ func (srv *Server) Shutdown(ctx context.Context) error {
 		srv.wakeLocked(s)
 	}
 	srv.mu.Unlock()
-	finished := waitChan(&srv.wg)
+	finished := make(chan struct{})
+	go func() { srv.wg.Wait(); srv.eventWG.Wait(); close(finished) }()
 	bound := time.NewTimer(srv.ioTimeout())
 	defer bound.Stop()
 	select {
 	case <-finished:
+		return nil
 	case <-bound.C:
 		srv.Close()
 	case <-ctx.Done():
@@ -275,27 +269,15 @@ func (srv *Server) Shutdown(ctx context.Context) error {
 		return ctx.Err()
 	}
 	select {
-	case <-finished: // at once after Close, unless an Authorize call is running
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-	select {
-	case <-waitChan(&srv.eventWG):
+	case <-finished: // soon after Close, unless Authorize or OnEvent is slow
 		return nil
 	case <-ctx.Done():
 		return ctx.Err()
 	}
 }
 
-func waitChan(wg *sync.WaitGroup) <-chan struct{} {
-	ch := make(chan struct{})
-	go func() { wg.Wait(); close(ch) }()
-	return ch
-}
-
-// Close stops accepting and closes every connection at once; a session
-// may still be sent ERROR 0x01 if its writer was between two writes. It
-// does not wait.
+// Close stops accepting and closes every connection at once, without
+// waiting.
 func (srv *Server) Close() error {
 	srv.mu.Lock()
 	srv.beginCloseLocked()
@@ -341,12 +323,11 @@ func closeConn(c net.Conn) {
 var (
 	errExpired   = errors.New("silent for longer than its lease")
 	errIOTimeout = errors.New("io-timeout")
-	errUnread    = errors.New("more than 65536 answers unread: heartbeats sent without waiting for replies")
-	errEnded     = errors.New("ended by the server") // Shutdown, an administrator or a failed write
+	errUnread    = errors.New("more than 65536 answers unread")
+	errEnded     = errors.New("ended by another") // Shutdown, an administrator, a failed write
 )
 
-// maxOwed bounds the answers a session may owe while another writer is
-// busy with it: a client that sends and never reads ends instead.
+// maxOwed bounds what a session owes while a writer is stuck on it.
 const maxOwed = 1 << 16
 
 // serve handshakes and reads the ACQUIRE; once the session joined the
@@ -372,21 +353,21 @@ func (s *session) serve() {
 func (s *session) handshake(tc *tls.Conn) error {
 	srv := s.srv
 	tc.SetDeadline(time.Now().Add(srv.ioTimeout()))
-	if err := tc.Handshake(); err != nil {
-		srv.mu.Lock()
-		stopped := s.phase >= phaseEnding
-		srv.mu.Unlock()
+	err := tc.Handshake()
+	srv.mu.Lock()
+	stopped := s.phase >= phaseEnding
+	if !stopped && err != nil {
+		srv.counts.TLSHandshakeErrors++
+	} else if !stopped {
+		s.phase = phaseConnected
+	}
+	srv.mu.Unlock()
+	if err != nil {
 		if !stopped {
-			srv.tlsHandshakeErrors.Add(1)
 			srv.infoLimited(&srv.handshakeLog, "TLS handshake failed", "remote", s.remote, "err", err)
 		}
 		return fmt.Errorf("TLS handshake: %w", err)
 	}
-	srv.mu.Lock()
-	if s.phase == phaseHandshake {
-		s.phase = phaseConnected
-	}
-	srv.mu.Unlock()
 	s.identity = Identity(tc.ConnectionState())
 	return nil
 }
@@ -421,8 +402,8 @@ func (s *session) acquire() error {
 	read := time.Now() // lastSeenAt
 	s.name = f.Name
 	if srv.Authorize != nil && !srv.Authorize(s.identity, f.Name) {
-		srv.denials.Add(1)
 		srv.mu.Lock()
+		srv.counts.Denials++
 		srv.emitLocked(Event{Type: EventDenied}, s)
 		srv.mu.Unlock()
 		srv.infoLimited(&srv.denialLog, "ACQUIRE not authorized", "identity", s.identity, "lock", f.Name, "remote", s.remote)
@@ -449,12 +430,11 @@ func (s *session) Read(p []byte) (int, error) {
 	return n, nil
 }
 
-// run reads and answers heartbeats until the session ends. It reads at
-// most len(rbuf) bytes at a time and answers them in one write before it
-// reads again, so a client that sends faster than it reads is held back by
-// its own socket. After a read of more than one byte, which a client that
-// keeps one heartbeat in flight never causes, it yields the processor, so
-// that a flood is served in turns with everyone else.
+// run reads and answers heartbeats until the session ends: at most
+// len(rbuf) bytes at a time, answered in one write before the next read,
+// so a client that does not read is held back by its own socket. A read
+// of more than one byte, which a client with one heartbeat in flight
+// never causes, yields the processor: a flood is served in turns.
 func (s *session) run() {
 	srv := s.srv
 	srv.mu.Lock()
@@ -507,9 +487,8 @@ func (s *session) run() {
 	}
 }
 
-// end ends the session for a cause its own goroutine met (a no-op if it
-// has ended already), writes what is owed unless another writer is at it
-// (drain closes the connection after it) and retires the goroutine.
+// end ends the session for a cause its own goroutine met, if not ended
+// already, writes what it owes (drain then closes) and retires.
 func (s *session) end(why error) {
 	srv := s.srv
 	srv.mu.Lock()
@@ -567,8 +546,7 @@ func (srv *Server) joinLocked(s *session, read time.Time) bool {
 }
 
 // heartbeatLocked decides the answers to beats heartbeats read at now,
-// followed by a bad frame if bad is set. It returns why s must end, or
-// nil; a session someone else ended returns errEnded, already ended.
+// then to bad, a bad frame, if set; it returns why s must end, or nil.
 func (srv *Server) heartbeatLocked(s *session, beats int, now time.Time, bad error) error {
 	switch {
 	case s.phase >= phaseEnding:
@@ -586,9 +564,8 @@ func (srv *Server) heartbeatLocked(s *session, beats int, now time.Time, bad err
 	return bad
 }
 
-// owe decides n answers with the session's state: WAITING, or ACQUIRED
-// with its token (rule 2). The caller holds srv.mu and has checked that s
-// is alive.
+// owe decides n answers with s's state, WAITING or ACQUIRED (rule 2); its
+// caller holds srv.mu and has checked that s is alive.
 func (s *session) owe(n int) {
 	if s.phase == phaseWaiting {
 		s.owedWaiting += uint32(n)
@@ -597,8 +574,7 @@ func (s *session) owe(n int) {
 	}
 }
 
-// grantLocked makes s the holder of l with a fresh token and decides its
-// ACQUIRED (rule 2).
+// grantLocked makes s the holder of l with a fresh token and owes ACQUIRED.
 func (srv *Server) grantLocked(l *lock, s *session) {
 	now := time.Now()
 	wait := now.Sub(s.since)
@@ -621,9 +597,9 @@ func (srv *Server) nextTokenLocked(now time.Time) uint64 {
 	return t
 }
 
-// endLocked takes s out of the table, once, for every cause (rule 3): a
-// holder's lock goes to the next live waiter, never while closing. It
-// decides s's final ERROR when why has a code; drain then closes.
+// endLocked takes s out of the table, once, whatever the cause (rule 3):
+// a holder's lock goes to the next live waiter, unless closing. It decides
+// the final ERROR when why has a code; drain then closes.
 func (srv *Server) endLocked(s *session, why error) {
 	if s.phase >= phaseEnding {
 		return
@@ -659,8 +635,7 @@ func (srv *Server) endLocked(s *session, why error) {
 }
 
 // stopLocked ends s by another party's decision (Shutdown, an
-// administrator, a failed write, its lease seen by a promoter): what was
-// decided for s and not yet taken by a writer is dropped (rule 3).
+// administrator, a failed write, a promoter), dropping what s was owed.
 func (srv *Server) stopLocked(s *session, why error) {
 	if s.phase < phaseEnding {
 		s.owedWaiting, s.owedAcquired = 0, 0
@@ -669,8 +644,7 @@ func (srv *Server) stopLocked(s *session, why error) {
 }
 
 // promoteLocked grants l to its first waiter whose lease has not passed
-// by the server's clock (rule 4); those that have are ended as expired,
-// in FIFO order, and so never granted.
+// by the server's clock (rule 4), ending those before it as expired.
 func (srv *Server) promoteLocked(l *lock) {
 	for front := l.waiters.Front(); front != nil; front = l.waiters.Front() {
 		next := l.waiters.Remove(front).(*session)
@@ -687,11 +661,12 @@ func (srv *Server) promoteLocked(l *lock) {
 	}
 }
 
-// wakeLocked makes sure a writer will write what another party decided
-// for s (rule 5): the writer at work if there is one, else a goroutine of
-// its own. The decider never waits on s's socket.
+// wakeLocked gets what another party decided for s written (rule 5): by
+// the writer at work, which gives up its role only with nothing owed, or
+// by a goroutine of its own. The decider never waits on s's socket.
 func (srv *Server) wakeLocked(s *session) {
-	if s.claimLocked() {
+	if !s.writing {
+		s.writing = true
 		srv.wg.Add(1)
 		go func() {
 			s.drain()
@@ -700,22 +675,12 @@ func (srv *Server) wakeLocked(s *session) {
 	}
 }
 
-// claimLocked takes the writer's role of s, if free (rule 2). The writer
-// gives it back only under srv.mu with the outbox empty, so whatever is
-// decided while it holds the role is written by it.
-func (s *session) claimLocked() bool {
-	if s.writing {
-		return false
-	}
-	s.writing = true
-	return true
-}
-
-// drainOwn writes, on the session's own goroutine, what it decided for
+// drainOwn writes, on the session's goroutine, what it decided for
 // itself, unless a writer is at work already and will.
 func (s *session) drainOwn() {
 	s.srv.mu.Lock()
-	claimed := s.claimLocked()
+	claimed := !s.writing
+	s.writing = true
 	s.srv.mu.Unlock()
 	if claimed {
 		s.drain()
@@ -742,13 +707,10 @@ func releaseReason(why error) string {
 	return ReasonGraceful
 }
 
-// drain is the one writer (rule 2), run by the goroutine that claimed the
-// role: it takes what was decided for s, writes it with srv.mu released,
-// and repeats until nothing is left; after an ending session's last frame
-// it closes the connection. A write to a live session is due by the end
-// of its lease as well as the io-timeout: a client that neither reads nor
-// sends is dropped as silent. After a failed write nothing more is
-// written: the stream may have ended inside a frame.
+// drain is the one writer (rule 2): it takes what s is owed, writes it
+// with srv.mu released, and repeats until nothing is left, then closes
+// the connection of an ending session. After a failed write nothing more
+// is written: the stream may have ended inside a frame.
 func (s *session) drain() {
 	srv := s.srv
 	for {
@@ -773,11 +735,10 @@ func (s *session) drain() {
 		if cap(b) == maxBatch {
 			batches.Put((*[maxBatch]byte)(b[:maxBatch]))
 		}
+		srv.mu.Lock()
 		if err == nil && code != 0 {
-			srv.protocolErrors[code].Add(1)
-		}
-		if err != nil {
-			srv.mu.Lock()
+			srv.counts.Errors[code]++
+		} else if err != nil {
 			if isTimeout(err) {
 				err = errIOTimeout
 				if time.Since(s.seen) > s.lease {
@@ -786,8 +747,8 @@ func (s *session) drain() {
 			}
 			srv.stopLocked(s, err)
 			s.owedWaiting, s.owedAcquired, s.final = 0, 0, nil
-			srv.mu.Unlock()
 		}
+		srv.mu.Unlock()
 	}
 }
 
@@ -796,10 +757,11 @@ const maxBatch = 1024
 
 var batches = sync.Pool{New: func() any { return new([maxBatch]byte) }}
 
-// takeLocked takes from the outbox, in order, as many frames as fit in
-// one write, and returns their bytes, the final ERROR's code if they end
-// with it, and the write's deadline; nil when nothing is owed or the
-// connection is closed.
+// takeLocked takes from the outbox, in order, what fits in one write, and
+// returns its bytes (nil for none), the code of the final ERROR if they
+// end with it, and the write's deadline: the io-timeout, or a live
+// session's lease if sooner, since a client that neither reads nor sends
+// is silent.
 func (s *session) takeLocked() (b []byte, code Code, due time.Time) {
 	if s.phase == phaseClosed {
 		return nil, 0, due
@@ -824,7 +786,9 @@ func (s *session) takeLocked() (b []byte, code Code, due time.Time) {
 	}
 	if s.final != nil && s.owedWaiting == 0 && s.owedAcquired == 0 && len(b)+3+MaxReasonLen <= maxBatch {
 		code, _ = codeOf(s.final)
-		b, _ = Frame{Type: TypeError, Code: code, Reason: reasonOf(s.final)}.AppendBinary(b)
+		reason := s.final.Error()
+		reason = strings.ToValidUTF8(reason[:min(len(reason), MaxReasonLen)], "") // a cut rune goes
+		b, _ = Frame{Type: TypeError, Code: code, Reason: reason}.AppendBinary(b)
 		s.final = nil
 	}
 	due = time.Now().Add(s.srv.ioTimeout())
@@ -832,19 +796,6 @@ func (s *session) takeLocked() (b []byte, code Code, due time.Time) {
 		due = until
 	}
 	return b, code, due
-}
-
-// reasonOf is err's text cut to the protocol's limit, still valid UTF-8.
-func reasonOf(err error) string {
-	reason := err.Error()
-	if len(reason) > MaxReasonLen {
-		cut := MaxReasonLen
-		for !utf8.RuneStart(reason[cut]) {
-			cut--
-		}
-		reason = reason[:cut]
-	}
-	return reason
 }
 
 // Event is what OnEvent is told. Type says which of the fields are set.
@@ -869,7 +820,7 @@ const (
 	EventKickWaiter   = "kick_waiter"
 )
 
-// emitLocked queues ev, about s, for OnEvent (rule 7); one goroutine at a
+// emitLocked queues ev, about s, for OnEvent (rule 6); one goroutine at a
 // time delivers them, outside srv.mu.
 func (srv *Server) emitLocked(ev Event, s *session) {
 	if srv.OnEvent == nil {
@@ -920,7 +871,7 @@ type Stats struct {
 	Heartbeats          uint64
 	Grants              uint64            // immediate or by promotion
 	Releases            map[string]uint64 // of held locks, by Reason
-	Errors              map[Code]uint64   // ERROR frames sent, by code
+	Errors              map[Code]uint64   // ERROR frames written whole, by code
 	EventsDropped       uint64            // events that OnEvent was never told of: see OnEvent
 	WaitTotal           time.Duration     // summed over Grants
 	HoldTotal           time.Duration     // summed over Releases
@@ -930,23 +881,15 @@ type Stats struct {
 func (srv *Server) Stats() Stats {
 	srv.mu.Lock()
 	srv.initLocked()
+	defer srv.mu.Unlock()
 	st := srv.counts
-	st.Releases = maps.Clone(st.Releases)
+	st.Releases, st.Errors = maps.Clone(st.Releases), maps.Clone(st.Errors)
 	st.Connections = len(srv.sessions)
 	for _, l := range srv.locks {
 		if l.holder != nil {
 			st.LocksHeld++
 		}
 		st.Waiters += l.waiters.Len()
-	}
-	srv.mu.Unlock()
-	st.ConnectionsAccepted, st.AcceptErrors = srv.accepted.Load(), srv.acceptErrors.Load()
-	st.TLSHandshakeErrors, st.Denials = srv.tlsHandshakeErrors.Load(), srv.denials.Load()
-	st.Errors = map[Code]uint64{}
-	for code := range srv.protocolErrors {
-		if n := srv.protocolErrors[code].Load(); n > 0 {
-			st.Errors[Code(code)] = n
-		}
 	}
 	return st
 }

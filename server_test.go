@@ -636,5 +636,5 @@ func TestTLSHandshakeIsBounded(t *testing.T) {
 	if d := time.Since(start); d < ioTimeout {
 		t.Fatalf("cut after %v, before the io-timeout", d)
 	}
-	waitFor(t, "the handshake failure to be counted", func() bool { return srv.tlsHandshakeErrors.Load() == 1 })
+	waitFor(t, "the handshake failure to be counted", func() bool { return srv.Stats().TLSHandshakeErrors == 1 })
 }
