@@ -152,6 +152,7 @@ type probeNet struct {
 	active atomic.Int32 // hooks under way
 }
 
+// newProbeNet's t reports what hooks' must gives up on; nil if none calls it.
 func newProbeNet(t *testing.T) *probeNet { return &probeNet{pipeListener: newPipeListener(), t: t} }
 
 // enter marks a hook under way until the function it returns is called; the
@@ -617,14 +618,24 @@ func hookBeforeWrite(pc *probeConn, armed *atomic.Bool, when func() bool, stop *
 // write began on conn but the one final ERROR 0x02.
 func noWriteAfter(t *testing.T, log *probeLog, r adminResult, conn string) {
 	t.Helper()
-	writes := log.writesSince(r.mark, conn)
-	for i, w := range writes {
-		f, err := ReadFrame(bytes.NewReader(w.b))
-		if i == len(writes)-1 && err == nil && f.Type == TypeError && f.Code == CodeClosedByAdmin && len(w.b) == 3+len(f.Reason) {
-			continue // the final ERROR 0x02
-		}
+	for _, w := range writesAfterStop(log, r.mark, conn, CodeClosedByAdmin) {
+		f, _ := ReadFrame(bytes.NewReader(w.b))
 		t.Errorf("a write to %s began after the administrator's call returned: % x %s", conn, w.b, showFrames([]Frame{f}))
 	}
+}
+
+// writesAfterStop returns the writes to conn that began after log entry
+// mark, when an administrator's call that ended its session returned,
+// other than its final ERROR (with code, unless code is 0).
+func writesAfterStop(log *probeLog, mark int, conn string, code Code) []probeEntry {
+	writes := log.writesSince(mark, conn)
+	if n := len(writes); n > 0 {
+		w := writes[n-1].b
+		if f, err := ReadFrame(bytes.NewReader(w)); err == nil && f.Type == TypeError && (code == 0 || f.Code == code) && len(w) == 3+len(f.Reason) {
+			writes = writes[:n-1] // the final ERROR
+		}
+	}
+	return writes
 }
 
 // A holder's HEARTBEAT has been read and checked, and its reply is about to
