@@ -9,6 +9,7 @@ import (
 	"net"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -21,7 +22,11 @@ import (
 // clients (valid and invalid frames, heartbeats, silences past the lease,
 // closes, half-sent frames) against kicks, force-releases and a shutdown at
 // a random moment, then checks every byte stream against the protocol's
-// grammar and the event stream against the table's rules.
+// grammar and the event stream against the table's rules; every grant
+// against the state of its session at that moment (not past its lease, not
+// ending on its own); and, through a log of the server's writes, that
+// nothing but the final ERROR began on a connection after an administrator's
+// call that ended its session returned.
 
 var (
 	huntSeeds = flag.Int("seeds", 300, "how many seeds TestRaceHunt plays")
@@ -76,6 +81,15 @@ type huntClient struct {
 	valid    int    // complete, valid requests the server read
 	selfEnd  bool   // it closed the connection itself
 	received []byte
+
+	lock    string       // the lock it asks for
+	seen    []time.Time  // when the server read each valid request: a write to a pipe returns at the (fake) instant of its read
+	written int64        // bytes the server has read from it
+	badAt   atomic.Int64 // the offset of the byte that ends its joined session, once sent; -1 before
+
+	// The server read that byte while the session waited in its lock's
+	// queue: from then on it is ending, and nothing may grant it the lock.
+	endingWaiter atomic.Bool
 }
 
 // play runs the configuration in a bubble of its own. It reports through
@@ -95,23 +109,34 @@ func (c huntConfig) bubble() error {
 		events = append(events, ev)
 		evMu.Unlock()
 	}}
-	l := newPipeListener()
+	l := newProbeNet(nil)
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(l) }()
+	start := time.Now()
 
 	clients := make([]*huntClient, c.clients)
 	var wg sync.WaitGroup
 	for i := range clients {
 		hc := &huntClient{name: fmt.Sprintf("c%d", i)}
+		hc.badAt.Store(-1)
 		clients[i] = hc
 		script := rand.New(rand.NewPCG(rng.Uint64(), uint64(i)))
-		conn := l.dial(hc.name)
+		conn, pc := l.pair(hc.name)
+		var read atomic.Int64 // bytes the server has read
+		pc.afterRead = func(b []byte, err error) {
+			before := read.Add(int64(len(b))) - int64(len(b))
+			if at := hc.badAt.Load(); at >= before && at < before+int64(len(b)) && waiting(srv, hc.lock, hc.name) {
+				hc.endingWaiter.Store(true)
+			}
+		}
+		l.accept(pc)
 		wg.Add(2)
 		go func() { defer wg.Done(); hc.readAll(conn) }()
 		go func() { defer wg.Done(); hc.play(conn, script, c.steps, lease) }()
 	}
 
 	var forced []huntForce
+	var stops []huntStop
 	chaos := rand.New(rand.NewPCG(rng.Uint64(), 99))
 	shutdownAt := tick(chaos, 6*lease)
 	wg.Add(1)
@@ -130,13 +155,16 @@ func (c huntConfig) bubble() error {
 			li := locks[chaos.IntN(len(locks))]
 			switch {
 			case chaos.IntN(2) == 0 && len(li.Waiters) > 0:
-				srv.KickWaiter(li.Name, li.Waiters[chaos.IntN(len(li.Waiters))].RemoteAddr)
+				if info, err := srv.KickWaiter(li.Name, li.Waiters[chaos.IntN(len(li.Waiters))].RemoteAddr); err == nil {
+					stops = append(stops, huntStop{info.RemoteAddr, "KickWaiter", l.log.mark("KickWaiter returned")})
+				}
 			case li.Holder != nil:
 				token := li.Holder.Token
 				if chaos.IntN(3) == 0 {
 					token = 0
 				}
 				if info, err := srv.ForceRelease(li.Name, token); err == nil {
+					stops = append(stops, huntStop{info.RemoteAddr, "ForceRelease", l.log.mark("ForceRelease returned")})
 					forced = append(forced, huntForce{info.RemoteAddr, info.Token})
 				}
 			}
@@ -157,9 +185,68 @@ func (c huntConfig) bubble() error {
 			return fmt.Errorf("client %s: %w (received % x)", hc.name, err, hc.received)
 		}
 	}
+	for _, st := range stops {
+		// Its final ERROR is 0x02, or the code of the end it was already on.
+		if late := writesAfterStop(&l.log, st.mark, st.remote, 0); len(late) > 0 {
+			return fmt.Errorf("client %s: written to after %s returned: %v; it received %s", st.remote, st.call, late, byName(clients, st.remote).frames())
+		}
+	}
 	evMu.Lock()
 	defer evMu.Unlock()
+	if err := checkGrants(events, clients, lease, start); err != nil {
+		return err
+	}
 	return checkEvents(events, forced)
+}
+
+func byName(clients []*huntClient, name string) *huntClient {
+	for _, hc := range clients {
+		if hc.name == name {
+			return hc
+		}
+	}
+	return &huntClient{name: name}
+}
+
+// waiting says whether remote is in the queue of lock.
+func waiting(srv *Server, lock, remote string) bool {
+	li, _ := srv.Lock(lock)
+	return slices.ContainsFunc(li.Waiters, func(w SessionInfo) bool { return w.RemoteAddr == remote })
+}
+
+// huntStop is an administrator's call that ended remote's session; mark is
+// the server log's entry made when it returned.
+type huntStop struct {
+	remote, call string
+	mark         int
+}
+
+// checkGrants holds every grant to the state of its session at that
+// moment: a session whose lease had passed (by the deadline the server
+// itself set, lastSeen + lease) or that is ending on its own (the server
+// has read its bad byte) must not be granted the lock.
+func checkGrants(events []Event, clients []*huntClient, lease time.Duration, start time.Time) error {
+	for i, ev := range events {
+		if ev.Type != EventGranted {
+			continue
+		}
+		hc := byName(clients, ev.RemoteAddr)
+		if hc.endingWaiter.Load() {
+			return fmt.Errorf("event %d: %s granted %q (token %d) after the server had read the byte that ends its session, while it waited; it received %s",
+				i, hc.name, ev.Lock, ev.Token, hc.frames())
+		}
+		var seen time.Time // the last valid request read at or before the grant
+		for _, at := range hc.seen {
+			if !at.After(ev.Time) {
+				seen = at
+			}
+		}
+		if !seen.IsZero() && !ev.Time.Before(seen.Add(lease)) {
+			return fmt.Errorf("event %d: %s granted %q (token %d) at %v; its lease had passed at %v (last request read at %v); it received %s",
+				i, hc.name, ev.Lock, ev.Token, ev.Time.Sub(start), seen.Add(lease).Sub(start), seen.Sub(start), hc.frames())
+		}
+	}
+	return nil
 }
 
 // tick returns a random multiple of 50ms below d: on a coarse grid, many
@@ -182,34 +269,45 @@ func (hc *huntClient) play(conn net.Conn, r *rand.Rand, steps int, lease time.Du
 			conn.Close()
 		}
 	}()
-	write := func(b []byte, valid bool) bool {
-		if _, err := conn.Write(b); err != nil {
+	joined := false // it sent a valid ACQUIRE
+	// write sends b, whose first valid bytes are one valid request (if
+	// valid is not 0), the rest a byte that ends the session.
+	write := func(b []byte, valid int) bool {
+		if joined && valid < len(b) && hc.badAt.Load() < 0 {
+			hc.badAt.Store(hc.written + int64(valid)) // its session ends on this byte
+		}
+		n, err := conn.Write(b)
+		hc.written += int64(n)
+		if err != nil {
 			return false
 		}
-		if valid {
+		if valid > 0 {
 			hc.valid++
+			hc.seen = append(hc.seen, time.Now())
 		}
 		return true
 	}
 	time.Sleep(tick(r, []time.Duration{lease / 2, 6 * lease}[r.IntN(2)])) // some join late, as the shutdown comes
 	name := []string{"a", "b"}[r.IntN(2)]
+	hc.lock = name
 	ok := true
 	switch r.IntN(20) {
 	case 4:
 		time.Sleep(3 * lease) // past the io-timeout: the server closes first
 		ok = false
 	case 0:
-		ok = write([]byte{TypeHeartbeat}, false)
+		ok = write([]byte{TypeHeartbeat}, 0)
 	case 1:
-		ok = write([]byte{TypeAcquire, 1, 0, 0, 0, 0, 0, 1, 'a'}, false) // lease 0
+		ok = write([]byte{TypeAcquire, 1, 0, 0, 0, 0, 0, 1, 'a'}, 0) // lease 0
 	case 2:
-		ok = write([]byte{TypeAcquire, 9}, false) // version
+		ok = write([]byte{TypeAcquire, 9}, 0) // version
 	case 3:
-		write([]byte{TypeAcquire, 1, 0, 0}, false) // half a frame, then silence
+		write([]byte{TypeAcquire, 1, 0, 0}, 0) // half a frame, then silence
 		return
 	default:
 		b, _ := acquire(name, lease).AppendBinary(nil)
-		ok = write(b, true)
+		ok = write(b, len(b))
+		joined = ok
 	}
 	for step := 0; ok && step < steps; step++ {
 		switch k := r.IntN(20); {
@@ -217,19 +315,22 @@ func (hc *huntClient) play(conn net.Conn, r *rand.Rand, steps int, lease time.Du
 			hc.selfEnd = true
 			return
 		case k == 1:
-			ok = write([]byte{0x7f}, false)
+			ok = write([]byte{0x7f}, 0)
 		case k == 2:
 			b, _ := acquire(name, lease).AppendBinary(nil)
-			ok = write(b, false) // duplicate
+			ok = write(b, 0) // duplicate
 		case k == 3:
 			time.Sleep(lease + lease/2) // silent past the lease
 		case k == 4:
-			write([]byte{TypeAcquire}, false) // half a frame, then silence
+			write([]byte{TypeAcquire}, 0) // half a frame (a duplicate ACQUIRE's type byte), then silence
 			time.Sleep(lease)
 			return
+		case k == 5:
+			time.Sleep(tick(r, lease/2))
+			ok = write([]byte{TypeHeartbeat, 0x7f}, 1) // read at once: answered, then the end
 		default:
 			time.Sleep(tick(r, lease/2))
-			ok = write([]byte{TypeHeartbeat}, true)
+			ok = write([]byte{TypeHeartbeat}, 1)
 		}
 	}
 	if ok {
@@ -238,6 +339,19 @@ func (hc *huntClient) play(conn net.Conn, r *rand.Rand, steps int, lease time.Du
 			time.Sleep(3 * lease) // until the server drops it
 		}
 	}
+}
+
+// frames shows what the client received, as far as it parses.
+func (hc *huntClient) frames() string {
+	var fs []Frame
+	for r := bytes.NewReader(hc.received); r.Len() > 0; {
+		f, err := ReadFrame(r)
+		if err != nil {
+			break
+		}
+		fs = append(fs, f)
+	}
+	return showFrames(fs)
 }
 
 func (hc *huntClient) readAll(conn net.Conn) {
