@@ -89,7 +89,6 @@ type huntClient struct {
 
 	// The server read that byte while the session waited in its lock's
 	// queue: from then on it is ending, and nothing may grant it the lock.
-	endingWaiter atomic.Bool
 }
 
 // play runs the configuration in a bubble of its own. It reports through
@@ -122,13 +121,6 @@ func (c huntConfig) bubble() error {
 		clients[i] = hc
 		script := rand.New(rand.NewPCG(rng.Uint64(), uint64(i)))
 		conn, pc := l.pair(hc.name)
-		var read atomic.Int64 // bytes the server has read
-		pc.afterRead = func(b []byte, err error) {
-			before := read.Add(int64(len(b))) - int64(len(b))
-			if at := hc.badAt.Load(); at >= before && at < before+int64(len(b)) && waiting(srv, hc.lock, hc.name) {
-				hc.endingWaiter.Store(true)
-			}
-		}
 		l.accept(pc)
 		wg.Add(2)
 		go func() { defer wg.Done(); hc.readAll(conn) }()
@@ -223,18 +215,16 @@ type huntStop struct {
 
 // checkGrants holds every grant to the state of its session at that
 // moment: a session whose lease had passed (by the deadline the server
-// itself set, lastSeen + lease) or that is ending on its own (the server
-// has read its bad byte) must not be granted the lock.
+// itself set, lastSeen + lease) must not be granted the lock. (A session
+// ending on its own is out of the table from the moment the server
+// decides its bad byte, which is not observable here, only through the
+// stream's grammar: TestPromotionSkipsEndingWaiter holds that moment.)
 func checkGrants(events []Event, clients []*huntClient, lease time.Duration, start time.Time) error {
 	for i, ev := range events {
 		if ev.Type != EventGranted {
 			continue
 		}
 		hc := byName(clients, ev.RemoteAddr)
-		if hc.endingWaiter.Load() {
-			return fmt.Errorf("event %d: %s granted %q (token %d) after the server had read the byte that ends its session, while it waited; it received %s",
-				i, hc.name, ev.Lock, ev.Token, hc.frames())
-		}
 		var seen time.Time // the last valid request read at or before the grant
 		for _, at := range hc.seen {
 			if !at.After(ev.Time) {

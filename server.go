@@ -123,6 +123,7 @@ type session struct {
 	owedWaiting, owedAcquired uint32
 	final                     error // the final ERROR's cause, while ending
 	writing                   bool  // a goroutine has the writer's role
+	stopped, abort            bool  // stopLocked ended it; kick cut its write short
 	wbuf                      [9]byte
 
 	rbuf [32]byte // read ahead; the session goroutine's own
@@ -551,7 +552,7 @@ func (srv *Server) heartbeatLocked(s *session, beats int, now time.Time, bad err
 	switch {
 	case s.phase >= phaseEnding:
 		return errEnded
-	case now.Sub(s.seen) > s.lease: // the frame came too late
+	case now.Sub(s.seen) >= s.lease: // the frame came too late, as a read deadline would say
 		return errExpired
 	case s.owedWaiting+s.owedAcquired > maxOwed:
 		return errUnread
@@ -638,7 +639,7 @@ func (srv *Server) endLocked(s *session, why error) {
 // administrator, a failed write, a promoter), dropping what s was owed.
 func (srv *Server) stopLocked(s *session, why error) {
 	if s.phase < phaseEnding {
-		s.owedWaiting, s.owedAcquired = 0, 0
+		s.owedWaiting, s.owedAcquired, s.stopped = 0, 0, true
 		srv.endLocked(s, why)
 	}
 }
@@ -649,7 +650,7 @@ func (srv *Server) promoteLocked(l *lock) {
 	for front := l.waiters.Front(); front != nil; front = l.waiters.Front() {
 		next := l.waiters.Remove(front).(*session)
 		next.elem = nil
-		if time.Since(next.seen) > next.lease {
+		if time.Since(next.seen) >= next.lease {
 			next.lock = nil // out of the queue already
 			srv.stopLocked(next, errExpired)
 			srv.wakeLocked(next)
@@ -709,8 +710,11 @@ func releaseReason(why error) string {
 
 // drain is the one writer (rule 2): it takes what s is owed, writes it
 // with srv.mu released, and repeats until nothing is left, then closes
-// the connection of an ending session. After a failed write nothing more
-// is written: the stream may have ended inside a frame.
+// the connection of an ending session. A batch taken before stopLocked
+// and not yet begun is dropped (rule 3): the check follows the deadline's
+// setting, which kick overrides after its stop, so a write either sees
+// the stop or fails at once. After a write that failed having begun,
+// nothing more is written: the stream may have ended inside a frame.
 func (s *session) drain() {
 	srv := s.srv
 	for {
@@ -729,19 +733,29 @@ func (s *session) drain() {
 			}
 			return
 		}
+		stopped := s.stopped
 		srv.mu.Unlock()
 		s.conn.SetWriteDeadline(due)
-		_, err := s.conn.Write(b)
+		srv.mu.Lock()
+		late := s.stopped && !stopped
+		srv.mu.Unlock()
+		n, err := 0, error(nil)
+		if !late {
+			n, err = s.conn.Write(b)
+		}
 		if cap(b) == maxBatch {
 			batches.Put((*[maxBatch]byte)(b[:maxBatch]))
 		}
 		srv.mu.Lock()
-		if err == nil && code != 0 {
+		switch {
+		case err == nil && code != 0 && !late:
 			srv.counts.Errors[code]++
-		} else if err != nil {
+		case err != nil && s.abort && n == 0: // kick's deadline, before any byte
+			s.abort = false
+		case err != nil:
 			if isTimeout(err) {
 				err = errIOTimeout
-				if time.Since(s.seen) > s.lease {
+				if time.Since(s.seen) >= s.lease {
 					err = errExpired
 				}
 			}
@@ -792,8 +806,10 @@ func (s *session) takeLocked() (b []byte, code Code, due time.Time) {
 		s.final = nil
 	}
 	due = time.Now().Add(s.srv.ioTimeout())
-	if until := s.seen.Add(s.lease); s.phase < phaseEnding && until.Before(due) {
-		due = until
+	if s.phase == phaseWaiting || s.phase == phaseHolding { // then lease is set
+		if until := s.seen.Add(s.lease); until.Before(due) {
+			due = until
+		}
 	}
 	return b, code, due
 }
@@ -984,20 +1000,29 @@ func (srv *Server) KickWaiter(name, remoteAddr string) (SessionInfo, error) {
 }
 
 // kick ends the session find picks, under srv.mu like every end, and
-// returns without waiting for its socket or its successor's (rule 5).
+// returns without waiting for its socket or its successor's (rule 5). A
+// write its writer took before the stop fails at once, by a past deadline
+// set after the stop, unless drain's check after its own deadline saw the
+// stop: after kick returns, no write but the final ERROR begins.
 func (srv *Server) kick(name, event string, find func(*lock) (*session, error)) (SessionInfo, error) {
 	srv.mu.Lock()
-	defer srv.mu.Unlock()
 	s, err := (*session)(nil), ErrNotFound
 	if l := srv.locks[name]; l != nil && !srv.closing.Load() {
 		s, err = find(l)
 	}
 	if err != nil {
+		srv.mu.Unlock()
 		return SessionInfo{}, err
 	}
 	info := s.infoLocked()
 	srv.emitLocked(Event{Type: event, Token: info.Token}, s)
 	srv.stopLocked(s, ErrClosedByAdmin)
+	abort := s.writing
+	s.abort = abort
 	srv.wakeLocked(s)
+	srv.mu.Unlock()
+	if abort {
+		s.conn.SetWriteDeadline(time.Unix(1, 0))
+	}
 	return info, nil
 }
