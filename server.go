@@ -146,28 +146,19 @@ func (srv *Server) log() *slog.Logger {
 	return discard
 }
 
-// infoLimit lets one kind of info line through once a second: a flood of
-// bad clients must not flood the log.
-type infoLimit struct {
-	mu   sync.Mutex
-	next time.Time
-	left int // lines left out since the last one
-}
+// infoLimit lets one kind of info line through once a second, counting
+// those left out: a flood of bad clients must not flood the log.
+type infoLimit struct{ next, left atomic.Int64 }
 
 func (srv *Server) infoLimited(lim *infoLimit, msg string, args ...any) {
-	lim.mu.Lock()
-	now := time.Now()
-	if now.Before(lim.next) {
-		lim.left++
-		lim.mu.Unlock()
+	now, next := time.Now().UnixNano(), lim.next.Load()
+	if now < next || !lim.next.CompareAndSwap(next, now+int64(time.Second)) {
+		lim.left.Add(1)
 		return
 	}
-	lim.next = now.Add(time.Second)
-	if lim.left > 0 {
-		args = append(args, "suppressed", lim.left)
-		lim.left = 0
+	if left := lim.left.Swap(0); left > 0 {
+		args = append(args, "suppressed", left)
 	}
-	lim.mu.Unlock()
 	srv.log().Info(msg, args...)
 }
 

@@ -7,13 +7,15 @@
 //	hold      K sessions hold or wait and heartbeat every lease/4; heartbeat
 //	          reply latency, and with -pid the server's memory and CPU
 //	detect    a holder goes silent; the time until its waiter is granted
+//	null      serve, at -addr, the null server the others can be run against:
+//	          the same socket work as monolock with no lock table
 //
 // With -client, cycle and handover are measured in turns with the raw
 // protocol and with the Go client's Do, and the ratio of the rates printed.
 //
 // Usage:
 //
-//	monolock-bench [flags] cycle|handover|hold|detect
+//	monolock-bench [flags] cycle|handover|hold|detect|null
 package main
 
 import (
@@ -65,7 +67,7 @@ func main() {
 	pid := fs.Int("pid", 0, "the server's process id, to report its memory and CPU (hold)")
 	worker := fs.Bool("worker", false, "run as a worker process of another monolock-bench (internal)")
 	fs.Usage = func() {
-		fmt.Fprintln(os.Stderr, "Usage: monolock-bench [flags] cycle|handover|hold|detect")
+		fmt.Fprintln(os.Stderr, "Usage: monolock-bench [flags] cycle|handover|hold|detect|null")
 		fs.PrintDefaults()
 	}
 	fs.Parse(os.Args[1:])
@@ -91,6 +93,10 @@ func main() {
 		return
 	}
 
+	if scenario == "null" {
+		serveNull(c.Addr)
+		return
+	}
 	fmt.Printf("monolock-bench %s: server %s, descriptor limit %d, %d process(es), %d source address(es)\n",
 		scenario, c.Addr, limit, *procs, c.Sources)
 	switch scenario {
