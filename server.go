@@ -121,9 +121,9 @@ type session struct {
 	// The outbox, written in this order: no WAITING is ever decided after
 	// an ACQUIRED, as the phase only moves forward.
 	owedWaiting, owedAcquired uint32
-	final                     error // the final ERROR's cause, while ending
-	writing                   bool  // a goroutine has the writer's role
-	stopped, abort            bool  // stopLocked ended it; kick cut its write short
+	final                     error       // the final ERROR's cause, while ending
+	writing, abort            bool        // a goroutine has the writer's role; kick cut its write short
+	stopped                   atomic.Bool // stopLocked ended it; read without srv.mu by drain only
 	wbuf                      [9]byte
 
 	rbuf [32]byte // read ahead; the session goroutine's own
@@ -403,12 +403,11 @@ func (s *session) acquire() error {
 	}
 	s.lease = time.Duration(f.LeaseMS) * time.Millisecond
 	srv.mu.Lock()
-	joined := srv.joinLocked(s, read)
-	srv.mu.Unlock()
-	if !joined {
+	if !srv.joinLocked(s, read) {
+		srv.mu.Unlock()
 		return ErrShuttingDown
 	}
-	s.drainOwn()
+	s.drainOwnLocked()
 	return nil
 }
 
@@ -465,13 +464,12 @@ func (s *session) run() {
 			s.r = s.w
 		}
 		srv.mu.Lock()
-		why := srv.heartbeatLocked(s, beats, now, bad)
-		srv.mu.Unlock()
-		if why != nil {
+		if why := srv.heartbeatLocked(s, beats, now, bad); why != nil {
+			srv.mu.Unlock()
 			s.end(why)
 			return
 		}
-		s.drainOwn()
+		s.drainOwnLocked()
 		deadline = now.Add(s.lease)
 		if flood {
 			runtime.Gosched()
@@ -485,8 +483,7 @@ func (s *session) end(why error) {
 	srv := s.srv
 	srv.mu.Lock()
 	srv.endLocked(s, why)
-	srv.mu.Unlock()
-	s.drainOwn()
+	s.drainOwnLocked()
 	if log := srv.log(); log.Enabled(context.Background(), slog.LevelDebug) { // no allocations per session otherwise
 		log.Debug("session ended", "remote", s.remote, "lock", s.name, "why", why)
 	}
@@ -630,7 +627,8 @@ func (srv *Server) endLocked(s *session, why error) {
 // administrator, a failed write, a promoter), dropping what s was owed.
 func (srv *Server) stopLocked(s *session, why error) {
 	if s.phase < phaseEnding {
-		s.owedWaiting, s.owedAcquired, s.stopped = 0, 0, true
+		s.owedWaiting, s.owedAcquired = 0, 0
+		s.stopped.Store(true)
 		srv.endLocked(s, why)
 	}
 }
@@ -661,22 +659,22 @@ func (srv *Server) wakeLocked(s *session) {
 		s.writing = true
 		srv.wg.Add(1)
 		go func() {
-			s.drain()
+			srv.mu.Lock()
+			s.drainLocked()
 			srv.wg.Done()
 		}()
 	}
 }
 
-// drainOwn writes, on the session's goroutine, what it decided for
-// itself, unless a writer is at work already and will.
-func (s *session) drainOwn() {
-	s.srv.mu.Lock()
-	claimed := !s.writing
-	s.writing = true
-	s.srv.mu.Unlock()
-	if claimed {
-		s.drain()
+// drainOwnLocked writes, on the session's goroutine, what it decided for
+// itself, unless a writer is at work already and will. It unlocks srv.mu.
+func (s *session) drainOwnLocked() {
+	if s.writing {
+		s.srv.mu.Unlock()
+		return
 	}
+	s.writing = true
+	s.drainLocked()
 }
 
 // The reasons of a release.
@@ -699,17 +697,18 @@ func releaseReason(why error) string {
 	return ReasonGraceful
 }
 
-// drain is the one writer (rule 2): it takes what s is owed, writes it
-// with srv.mu released, and repeats until nothing is left, then closes
-// the connection of an ending session. A batch taken before stopLocked
-// and not yet begun is dropped (rule 3): the check follows the deadline's
-// setting, which kick overrides after its stop, so a write either sees
-// the stop or fails at once. After a write that failed having begun,
-// nothing more is written: the stream may have ended inside a frame.
-func (s *session) drain() {
+// drainLocked is the one writer (rule 2), on the goroutine holding the
+// role, called with srv.mu held, which it releases: it takes what s is
+// owed, writes it with srv.mu released, and repeats until nothing is left,
+// then closes the connection of an ending session. A batch taken before
+// stopLocked and not yet begun is dropped (rule 3): stopped is checked
+// after the deadline is set, and kick sets its past deadline after the
+// stop, so a write either sees the stop or fails at once. After a write
+// that failed having begun nothing more is written: the stream may have
+// ended inside a frame.
+func (s *session) drainLocked() {
 	srv := s.srv
 	for {
-		srv.mu.Lock()
 		b, code, due := s.takeLocked()
 		if b == nil {
 			s.writing = false
@@ -724,12 +723,10 @@ func (s *session) drain() {
 			}
 			return
 		}
-		stopped := s.stopped
+		stopped := s.stopped.Load()
 		srv.mu.Unlock()
 		s.conn.SetWriteDeadline(due)
-		srv.mu.Lock()
-		late := s.stopped && !stopped
-		srv.mu.Unlock()
+		late := s.stopped.Load() && !stopped
 		n, err := 0, error(nil)
 		if !late {
 			n, err = s.conn.Write(b)
@@ -753,7 +750,6 @@ func (s *session) drain() {
 			srv.stopLocked(s, err)
 			s.owedWaiting, s.owedAcquired, s.final = 0, 0, nil
 		}
-		srv.mu.Unlock()
 	}
 }
 
