@@ -12,6 +12,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 )
 
@@ -242,12 +243,6 @@ func TestPushAfterLostHeartbeatConfirmsNothing(t *testing.T) {
 	if !errors.Is(l.Err(), ErrHeartbeatTimeout) || !errors.Is(l.Err(), ErrLockLost) {
 		t.Fatalf("cause %v, want a heartbeat timeout", l.Err())
 	}
-}
-
-type dialerFunc func(ctx context.Context, network, address string) (net.Conn, error)
-
-func (f dialerFunc) DialContext(ctx context.Context, network, address string) (net.Conn, error) {
-	return f(ctx, network, address)
 }
 
 type afterFirstWrite struct {
@@ -1024,4 +1019,389 @@ func clientWait[T any](t testing.TB, ch <-chan T, d time.Duration, what string) 
 		t.Fatalf("gave up after %v waiting for %s", d, what)
 		panic("unreachable")
 	}
+}
+
+// ErrInvalidInput "comes joined with the sentinel of the code the server
+// would have sent": every refused lease should match ErrInvalidLease.
+func TestRefusedLeaseMatchesErrInvalidLease(t *testing.T) {
+	c := New(Config{Address: "127.0.0.1:1"})
+	for _, lease := range []time.Duration{0, 1500 * time.Microsecond, MaxLease + time.Millisecond} {
+		err := c.Do(context.Background(), "x", lease, func(context.Context, uint64) error { return nil })
+		if !errors.Is(err, ErrInvalidInput) || !errors.Is(err, ErrInvalidLease) {
+			t.Errorf("lease %v: Do = %v; Is(ErrInvalidInput)=%v Is(ErrInvalidLease)=%v",
+				lease, err, errors.Is(err, ErrInvalidInput), errors.Is(err, ErrInvalidLease))
+		}
+	}
+}
+
+// A server that closes every connection before any reply (what a TLS
+// mismatch or a misaddressed port looks like): DoRetry should not treat
+// this as "connection lost while queued" and retry until ctx ends.
+func TestDoRetryDoesNotRetryClosedBeforeAnyReply(t *testing.T) {
+	var dials atomic.Int32
+	addr := fakeServer(t, func(c net.Conn) { dials.Add(1); ReadFrame(c) })
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	err := New(Config{Address: addr}).DoRetry(ctx, "x", time.Second, func(context.Context, uint64) error { return nil })
+	t.Logf("DoRetry = %v after %d connections", err, dials.Load())
+	if dials.Load() > 1 {
+		t.Errorf("DoRetry made %d connections to a server that closes before any reply; returned %v", dials.Load(), err)
+	}
+}
+
+// Holding, no heartbeat in flight: the server sends the first byte of an
+// unsolicited ACQUIRED and then nothing. The frame is a violation the
+// moment its type byte arrives: the client must not wait for the rest
+// until 0.8 of the lease, sending no heartbeats meanwhile.
+func TestUnsolicitedFrameIsAViolationAtItsTypeByte(t *testing.T) {
+	const lease = time.Second
+	hbs := make(chan struct{}, 100)
+	addr := fakeServer(t, func(c net.Conn) {
+		if _, err := ReadFrame(c); err != nil {
+			return
+		}
+		writeFrame(c, Frame{Type: TypeAcquired, Token: 9})
+		time.Sleep(20 * time.Millisecond)
+		c.Write([]byte{TypeAcquired})
+		for {
+			if _, err := ReadFrame(c); err != nil {
+				return
+			}
+			hbs <- struct{}{}
+		}
+	})
+	start := time.Now()
+	l, err := New(Config{Address: addr}).Acquire(context.Background(), "x", lease)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Release()
+	select {
+	case <-l.Done():
+	case <-time.After(3 * time.Second):
+		t.Fatal("never lost")
+	}
+	took := time.Since(start)
+	t.Logf("lost after %v: %v; heartbeats sent meanwhile: %d", took, l.Err(), len(hbs))
+	if !errors.Is(l.Err(), ErrProtocolViolation) || took > 300*time.Millisecond {
+		t.Errorf("unsolicited frame detected after %v as %v, want a protocol violation at once", took, l.Err())
+	}
+}
+
+// A server may never send token 0 ("A token is never 0"); a client that
+// hands 0 to a fencing resource defeats fencing.
+func TestTokenZeroIsRefused(t *testing.T) {
+	addr := fakeServer(t, func(c net.Conn) {
+		if _, err := ReadFrame(c); err != nil {
+			return
+		}
+		writeFrame(c, Frame{Type: TypeAcquired, Token: 0})
+		ReadFrame(c)
+	})
+	l, err := New(Config{Address: addr}).Acquire(context.Background(), "x", time.Second)
+	if err == nil {
+		defer l.Release()
+		t.Errorf("Acquire accepted token 0 (Token()=%d)", l.Token())
+	}
+}
+
+// Many Releases, concurrent with a loss and with fn; run with -race.
+func TestConcurrentReleasesDuringLoss(t *testing.T) {
+	for i := range 30 {
+		addr := fakeServer(t, func(c net.Conn) {
+			if _, err := ReadFrame(c); err != nil {
+				return
+			}
+			writeFrame(c, Frame{Type: TypeAcquired, Token: 5})
+			time.Sleep(time.Duration(i%5) * time.Millisecond)
+			if i%2 == 0 {
+				writeFrame(c, Frame{Type: TypeError, Code: CodeClosedByAdmin})
+			}
+		})
+		l, err := New(Config{Address: addr}).Acquire(context.Background(), "x", 40*time.Millisecond)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var wg sync.WaitGroup
+		for range 8 {
+			wg.Add(1)
+			go func() { defer wg.Done(); time.Sleep(time.Duration(i%4) * time.Millisecond); l.Release(); _ = l.Err() }()
+		}
+		wg.Wait()
+		select {
+		case <-l.done:
+		case <-time.After(2 * time.Second):
+			t.Fatal("claim goroutine did not end after Release")
+		}
+		if e := l.Release(); e != nil && !errors.Is(e, ErrLockLost) {
+			t.Fatalf("Release = %v", e)
+		}
+	}
+}
+
+// These tests run in a synctest bubble: time is fake, and advances only
+// when every goroutine of the bubble waits, so each instant below is exact.
+// The server is a script over net.Pipe.
+
+// pipeClient is a client whose every dial runs serve on the server's end
+// of a new in-memory connection.
+func pipeClient(serve func(s *script)) *Client {
+	return New(Config{Address: "pipe", Dialer: dialerFunc(func(context.Context, string, string) (net.Conn, error) {
+		client, server := net.Pipe()
+		go func() {
+			defer server.Close()
+			serve(&script{server})
+		}()
+		return client, nil
+	})})
+}
+
+// script is the server's end: it reads and writes whole frames, and says
+// false when the client's end has gone.
+type script struct{ net.Conn }
+
+func (s *script) read() (Frame, bool) {
+	f, err := ReadFrame(s)
+	return f, err == nil
+}
+
+func (s *script) write(f Frame) bool { return writeFrame(s, f) == nil }
+
+// drain reads until the client closes its end.
+func (s *script) drain() { io.Copy(io.Discard, s) }
+
+// waitDone waits for l's loss or release within d of fake time.
+func waitDone(t *testing.T, l *Lock, d time.Duration, what string) {
+	t.Helper()
+	select {
+	case <-l.Done():
+	case <-time.After(d):
+		t.Fatalf("%s: the lock was still believed held %v later", what, d)
+	}
+}
+
+// A frame that arrives at the claim's deadline confirms nothing, even the
+// answer to a heartbeat.
+func TestFrameAtTheDeadlineConfirmsNothing(t *testing.T) {
+	const lease = time.Second // timeout 800ms; heartbeats every 250ms
+	synctest.Test(t, func(t *testing.T) {
+		for i := range 200 {
+			start := time.Now()
+			c := pipeClient(func(s *script) {
+				s.read() // ACQUIRE
+				s.write(Frame{Type: TypeAcquired, Token: 7})
+				s.read() // the heartbeat at 250ms
+				time.Sleep(time.Until(start.Add(lease * 8 / 10)))
+				s.write(Frame{Type: TypeAcquired, Token: 7}) // its answer, at the deadline
+				s.drain()
+			})
+			l, err := c.Acquire(context.Background(), "late", lease)
+			if err != nil {
+				t.Fatal(err)
+			}
+			waitDone(t, l, lease, "an answer at the deadline")
+			if d := time.Since(start); d != lease*8/10 || !errors.Is(l.Err(), ErrHeartbeatTimeout) {
+				t.Fatalf("run %d: lost at %v with %v, want a heartbeat timeout at exactly %v", i, d, l.Err(), lease*8/10)
+			}
+			l.Release()
+		}
+	})
+}
+
+// The claim counts from the send of the last confirmed request, never from
+// the arrival of its answer: a heartbeat answered late confirms the claim
+// from its send, and when the server then falls silent the claim ends 0.8
+// of the lease after that send, to the nanosecond.
+func TestTimeoutCountsFromTheConfirmedSend(t *testing.T) {
+	const lease = time.Second
+	synctest.Test(t, func(t *testing.T) {
+		start := time.Now()
+		var hbSent time.Time
+		c := pipeClient(func(s *script) {
+			s.read()
+			s.write(Frame{Type: TypeAcquired, Token: 7})
+			s.read() // the first heartbeat, at 250ms
+			hbSent = time.Now()
+			time.Sleep(300 * time.Millisecond)
+			s.write(Frame{Type: TypeAcquired, Token: 7}) // its answer, 300ms late
+			s.drain()                                    // and silence
+		})
+		l, err := c.Acquire(context.Background(), "send", lease)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Release()
+		waitDone(t, l, 2*lease, "silence after a late answer")
+		if want := hbSent.Add(lease * 8 / 10); !time.Now().Equal(want) {
+			t.Fatalf("claim abandoned at %v, want %v: 0.8 of the lease after the confirmed heartbeat's send (%v), not after its answer (%v)",
+				time.Since(start), want.Sub(start), hbSent.Sub(start), hbSent.Add(300*time.Millisecond).Sub(start))
+		}
+		if !errors.Is(l.Err(), ErrHeartbeatTimeout) || !errors.Is(l.Err(), ErrLockLost) {
+			t.Fatalf("cause %v, want a lost lock by heartbeat timeout", l.Err())
+		}
+	})
+}
+
+// The promotion push confirms nothing: a queued client whose heartbeat is
+// lost, then pushed ACQUIRED, still counts from its ACQUIRE.
+func TestPushConfirmsNothing(t *testing.T) {
+	const lease = time.Second
+	synctest.Test(t, func(t *testing.T) {
+		start := time.Now()
+		c := pipeClient(func(s *script) {
+			s.read()
+			s.write(Frame{Type: TypeWaiting})
+			s.read() // the heartbeat at 250ms, lost
+			time.Sleep(150 * time.Millisecond)
+			s.write(Frame{Type: TypeAcquired, Token: 9}) // the push, at 400ms
+			s.drain()
+		})
+		l, err := c.Acquire(context.Background(), "push", lease)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Release()
+		if d := time.Since(start); d != 400*time.Millisecond || l.Token() != 9 {
+			t.Fatalf("granted at %v with token %d, want 400ms and 9", d, l.Token())
+		}
+		waitDone(t, l, 2*lease, "a push after a lost heartbeat")
+		if d := time.Since(start); d != lease*8/10 {
+			t.Fatalf("claim abandoned at %v, want %v: 0.8 of the lease after the ACQUIRE, the last confirmed request", d, lease*8/10)
+		}
+		if !errors.Is(l.Err(), ErrHeartbeatTimeout) || !errors.Is(l.Err(), ErrLockLost) {
+			t.Fatalf("cause %v, want a lost lock by heartbeat timeout", l.Err())
+		}
+	})
+}
+
+// Release returns at once, even while a heartbeat's write is blocked on a
+// server that stopped reading.
+func TestReleaseDoesNotWaitForTheWrite(t *testing.T) {
+	const lease = time.Second
+	synctest.Test(t, func(t *testing.T) {
+		c := pipeClient(func(s *script) {
+			s.read()
+			s.write(Frame{Type: TypeAcquired, Token: 7})
+			time.Sleep(2 * lease) // reads nothing: the heartbeat at 250ms blocks
+			s.drain()
+		})
+		l, err := c.Acquire(context.Background(), "stuck", lease)
+		if err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(300 * time.Millisecond)
+		start := time.Now()
+		if err := l.Release(); err != nil {
+			t.Fatalf("Release = %v, want nil: the claim was not yet lost", err)
+		}
+		if d := time.Since(start); d != 0 {
+			t.Fatalf("Release took %v", d)
+		}
+		time.Sleep(3 * lease) // the script's end
+	})
+}
+
+// DoRetry waits 100ms, then twice as long each time up to 5s, each wait
+// drawn from [base, 1.5×base).
+func TestDoRetryBackoff(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var dials []time.Time
+		c := New(Config{Address: "nowhere", Dialer: dialerFunc(func(context.Context, string, string) (net.Conn, error) {
+			dials = append(dials, time.Now())
+			return nil, errors.New("refused")
+		})})
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		err := c.DoRetry(ctx, "r", time.Second, func(context.Context, uint64) error { return nil })
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("DoRetry = %v, want the context's deadline", err)
+		}
+		base, jittered := 100*time.Millisecond, 0
+		for i := 1; i < len(dials); i++ {
+			wait := dials[i].Sub(dials[i-1])
+			if wait < base || wait >= base*3/2 {
+				t.Errorf("wait %d: %v, want [%v, %v)", i, wait, base, base*3/2)
+			}
+			if wait != base {
+				jittered++
+			}
+			base = min(2*base, 5*time.Second)
+		}
+		if len(dials) < 10 || jittered < len(dials)/2 {
+			t.Fatalf("%d dials in a minute, %d waits above their base", len(dials), jittered)
+		}
+	})
+}
+
+// Tiny and huge leases: the first heartbeat at exactly lease/4 after the
+// ACQUIRE's send, and the loss at exactly 0.8 of the lease when nothing
+// answers it.
+func TestHeartbeatAndLossAtLeaseExtremes(t *testing.T) {
+	for _, lease := range []time.Duration{time.Millisecond, 3 * time.Millisecond, 5 * time.Millisecond, 401 * time.Millisecond, MaxLease} {
+		synctest.Test(t, func(t *testing.T) {
+			start := time.Now()
+			hb := make(chan time.Duration, 10)
+			c := pipeClient(func(s *script) {
+				if _, ok := s.read(); !ok {
+					return
+				}
+				s.write(Frame{Type: TypeAcquired, Token: 1})
+				for {
+					if _, ok := s.read(); !ok {
+						return
+					}
+					hb <- time.Since(start)
+				}
+			})
+			l, err := c.Acquire(context.Background(), "x", lease)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer l.Release()
+			<-l.Done()
+			lost := time.Since(start)
+			var sends []time.Duration
+			for len(hb) > 0 {
+				sends = append(sends, <-hb)
+			}
+			if lost != lease/5*4 || len(sends) != 1 || sends[0] != lease/4 || !errors.Is(l.Err(), ErrHeartbeatTimeout) {
+				t.Errorf("lease %v: lost at %v (%v), heartbeats at %v; want loss at %v, one heartbeat at %v",
+					lease, lost, l.Err(), sends, lease/5*4, lease/4)
+			}
+		})
+	}
+}
+
+// Graceful stop, then a loss while fn is still stopping: the loss is
+// joined; no loss: nothing joined and heartbeats went on.
+func TestHeartbeatsGoOnWhileFnStops(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const lease = time.Second
+		var hbs atomic.Int32
+		c := pipeClient(func(s *script) {
+			if _, ok := s.read(); !ok {
+				return
+			}
+			s.write(Frame{Type: TypeAcquired, Token: 1})
+			for {
+				if _, ok := s.read(); !ok {
+					return
+				}
+				hbs.Add(1)
+				if !s.write(Frame{Type: TypeAcquired, Token: 1}) {
+					return
+				}
+			}
+		})
+		ctx, cancel := context.WithCancel(context.Background())
+		time.AfterFunc(100*time.Millisecond, cancel)
+		err := c.Do(ctx, "x", lease, func(fctx context.Context, _ uint64) error {
+			<-fctx.Done()
+			time.Sleep(3 * time.Second) // stopping slowly, heartbeats go on
+			return nil
+		})
+		if err != nil || hbs.Load() < 10 {
+			t.Errorf("Do = %v after %d heartbeats", err, hbs.Load())
+		}
+	})
 }

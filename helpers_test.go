@@ -1,13 +1,23 @@
 package monolock
 
 import (
+	"bytes"
 	"cmp"
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
+	"fmt"
 	"io"
+	"math/big"
 	"net"
+	"runtime/debug"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -15,6 +25,25 @@ import (
 // wait is how long a test waits for something that should happen at once.
 // It is generous because this machine is noisy; it only bounds a failure.
 const wait = 10 * time.Second
+
+// soon bounds, in real time, a wait for something that should happen at
+// once; it only bounds a failure.
+const soon = 5 * time.Second
+
+// raceEnabled: the race detector is on, and stacks are larger under it.
+// The test binary's build settings say so ("-race" is "true").
+var raceEnabled = func() bool {
+	info, ok := debug.ReadBuildInfo()
+	if !ok {
+		return false
+	}
+	for _, s := range info.Settings {
+		if s.Key == "-race" {
+			return s.Value == "true"
+		}
+	}
+	return false
+}()
 
 // startServer serves srv on an ephemeral loopback port until the test ends.
 func startServer(t testing.TB, srv *Server) string {
@@ -197,6 +226,11 @@ func isReset(err error) bool {
 	return err != nil && strings.Contains(err.Error(), "connection reset")
 }
 
+func isTimeoutErr(err error) bool {
+	ne, ok := err.(net.Error)
+	return ok && ne.Timeout()
+}
+
 // holderAndWaiter returns a holder of name and a waiter queued behind it.
 func holderAndWaiter(t *testing.T, addr, name string) (holder, waiter *raw, token uint64) {
 	holder, waiters, token := queue(t, addr, name, 1)
@@ -264,6 +298,30 @@ func (c watchedConn) Write(b []byte) (int, error) {
 	return c.Conn.Write(b)
 }
 
+// stuckHolder makes a holder of name that floods heartbeats and never
+// reads, and returns once the server's write to it has been under way for
+// half a second: blocked, as it stays until the io-timeout, since the
+// client never reads.
+func stuckHolder(t *testing.T, l *watchedListener, name string) *raw {
+	t.Helper()
+	c := dialRaw(t, l.Addr().String())
+	c.Conn.(*net.TCPConn).SetReadBuffer(1024)
+	c.send(acquire(name, time.Minute))
+	go func() {
+		flood := bytes.Repeat([]byte{TypeHeartbeat}, 1<<16)
+		for {
+			if _, err := c.Conn.Write(flood); err != nil {
+				return // closed by dialRaw's cleanup
+			}
+		}
+	}()
+	client := c.LocalAddr().String()
+	waitFor(t, "a blocked write to a client that never reads", func() bool {
+		return l.blockedFor(client) > 500*time.Millisecond
+	})
+	return c
+}
+
 // waitFor polls cond until it holds, failing the test after wait.
 func waitFor(t testing.TB, what string, cond func() bool) {
 	t.Helper()
@@ -272,4 +330,520 @@ func waitFor(t testing.TB, what string, cond func() bool) {
 			t.Fatalf("gave up waiting for %s", what)
 		}
 	}
+}
+
+// selfSigned returns a certificate for 127.0.0.1, made for the test.
+func selfSigned(t *testing.T) tls.Certificate {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1),
+		IPAddresses:  []net.IP{net.IPv4(127, 0, 0, 1)},
+		NotBefore:    time.Now().Add(-time.Hour),
+		NotAfter:     time.Now().Add(time.Hour),
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
+}
+
+// eventLog collects what OnEvent is told.
+type eventLog struct {
+	mu     sync.Mutex
+	events []Event
+}
+
+func (l *eventLog) add(ev Event) {
+	l.mu.Lock()
+	l.events = append(l.events, ev)
+	l.mu.Unlock()
+}
+
+// types returns the event types so far, each as "type lock".
+func (l *eventLog) types() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []string
+	for _, ev := range l.events {
+		out = append(out, ev.Type+" "+ev.Lock)
+	}
+	return out
+}
+
+// snapshot returns what OnEvent has been told so far.
+func (l *eventLog) snapshot() []Event {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]Event(nil), l.events...)
+}
+
+type dialerFunc func(ctx context.Context, network, address string) (net.Conn, error)
+
+func (f dialerFunc) DialContext(ctx context.Context, network, address string) (net.Conn, error) {
+	return f(ctx, network, address)
+}
+
+// faultProxy forwards TCP connections to a target and injects faults into
+// either direction of all of them: pass, delay, or blackhole (bytes and the
+// end of the stream are dropped, as in a partition); cut closes them all.
+type faultProxy struct {
+	addr   string
+	target string
+
+	mu    sync.Mutex
+	modes [2]fault // up (client to server), down (server to client)
+	conns []net.Conn
+}
+
+type fault struct {
+	drop  bool
+	delay time.Duration
+}
+
+const (
+	up   = 0
+	down = 1
+)
+
+func startProxy(t testing.TB, target string) *faultProxy {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &faultProxy{addr: l.Addr().String(), target: target}
+	t.Cleanup(func() {
+		l.Close()
+		p.cut()
+	})
+	go func() {
+		for {
+			client, err := l.Accept()
+			if err != nil {
+				return
+			}
+			server, err := net.Dial("tcp", target)
+			if err != nil {
+				client.Close()
+				continue
+			}
+			p.mu.Lock()
+			p.conns = append(p.conns, client, server)
+			p.mu.Unlock()
+			go p.pump(client, server, up)
+			go p.pump(server, client, down)
+		}
+	}()
+	return p
+}
+
+func (p *faultProxy) set(dir int, f fault) {
+	p.mu.Lock()
+	p.modes[dir] = f
+	p.mu.Unlock()
+}
+
+func (p *faultProxy) mode(dir int) fault {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.modes[dir]
+}
+
+// cut closes every connection through the proxy.
+func (p *faultProxy) cut() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, c := range p.conns {
+		c.Close()
+	}
+	p.conns = nil
+}
+
+type chunk struct {
+	b   []byte
+	due time.Time
+}
+
+// pump copies src to dst under the direction's fault at the moment each
+// chunk is read. Delayed chunks keep their order.
+func (p *faultProxy) pump(src, dst net.Conn, dir int) {
+	chunks := make(chan chunk, 1024)
+	go func() {
+		defer dst.Close()
+		for c := range chunks {
+			time.Sleep(time.Until(c.due))
+			if _, err := dst.Write(c.b); err != nil {
+				return
+			}
+		}
+	}()
+	defer close(chunks)
+	buf := make([]byte, 4096)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 {
+			f := p.mode(dir)
+			if !f.drop {
+				chunks <- chunk{append([]byte(nil), buf[:n]...), time.Now().Add(f.delay)}
+			}
+		}
+		if err != nil {
+			f := p.mode(dir)
+			if f.drop {
+				// A partition loses the FIN too: dst hears nothing, ever.
+				select {}
+			}
+			if err != io.EOF {
+				src.Close()
+			}
+			time.Sleep(f.delay) // the end of the stream is delayed like its bytes
+			return
+		}
+	}
+}
+
+// pipeListener is a net.Listener of in-memory connections, which block
+// durably inside a synctest bubble.
+type pipeListener struct {
+	conns chan net.Conn
+	done  chan struct{}
+	once  sync.Once
+}
+
+func newPipeListener() *pipeListener {
+	return &pipeListener{conns: make(chan net.Conn), done: make(chan struct{})}
+}
+
+// dial returns the client's end; the server sees remote as its address.
+func (l *pipeListener) dial(remote string) net.Conn {
+	client, server := net.Pipe()
+	go func() {
+		select {
+		case l.conns <- namedConn{server, pipeAddr(remote)}:
+		case <-l.done:
+			server.Close()
+		}
+	}()
+	return client
+}
+
+func (l *pipeListener) Accept() (net.Conn, error) {
+	select {
+	case c := <-l.conns:
+		return c, nil
+	case <-l.done:
+		return nil, net.ErrClosed
+	}
+}
+
+func (l *pipeListener) Close() error   { l.once.Do(func() { close(l.done) }); return nil }
+func (l *pipeListener) Addr() net.Addr { return pipeAddr("listener") }
+
+type pipeAddr string
+
+func (a pipeAddr) Network() string { return "pipe" }
+func (a pipeAddr) String() string  { return string(a) }
+
+type namedConn struct {
+	net.Conn
+	remote pipeAddr
+}
+
+func (c namedConn) RemoteAddr() net.Addr { return c.remote }
+
+// stepConn is the server's end of an in-memory connection, with hooks that
+// let a test run an administrator's action at one exact point of the
+// session's goroutine (an interleaving the scheduler may always choose).
+type stepConn struct {
+	net.Conn
+	name    string
+	log     *writeLog
+	onRead  func(b []byte) // after a read that returned bytes
+	onSetRD func()
+	onWrite func(b []byte, err error) // after a write, before it returns
+}
+
+func (c *stepConn) Read(b []byte) (int, error) {
+	n, err := c.Conn.Read(b)
+	if n > 0 && c.onRead != nil {
+		c.onRead(b[:n])
+	}
+	return n, err
+}
+
+func (c *stepConn) SetReadDeadline(t time.Time) error {
+	if c.onSetRD != nil {
+		c.onSetRD()
+	}
+	return c.Conn.SetReadDeadline(t)
+}
+
+func (c *stepConn) Write(b []byte) (int, error) {
+	c.log.add(fmt.Sprintf("write %s: type 0x%02x % x", c.name, b[0], b))
+	n, err := c.Conn.Write(b)
+	if c.onWrite != nil {
+		c.onWrite(b, err)
+	}
+	return n, err
+}
+
+type writeLog struct {
+	mu    sync.Mutex
+	lines []string
+}
+
+func (l *writeLog) add(s string) {
+	l.mu.Lock()
+	l.lines = append(l.lines, s)
+	l.mu.Unlock()
+}
+
+func (l *writeLog) snapshot() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]string(nil), l.lines...)
+}
+
+// stepListener is a pipeListener that hands the server stepConns.
+type stepListener struct {
+	*pipeListener
+	log writeLog
+}
+
+func newStepListener() *stepListener { return &stepListener{pipeListener: newPipeListener()} }
+
+func (l *stepListener) dial(name string) (client net.Conn, server *stepConn) {
+	c, s := net.Pipe()
+	hc := &stepConn{Conn: namedConn{s, pipeAddr(name)}, name: name, log: &l.log}
+	go func() {
+		select {
+		case l.conns <- hc:
+		case <-l.done:
+			s.Close()
+		}
+	}()
+	return c, hc
+}
+
+// probeConn is the server's end of an in-memory connection. It logs every
+// read and the start of every write in one log shared by the test's
+// connections, and calls its hooks (set before the server gets the
+// connection) on the server's goroutines.
+type probeConn struct {
+	net.Conn
+	name   string
+	log    *probeLog
+	writes atomic.Int64 // Write calls begun
+	failed atomic.Int64 // the number of the first Write that failed; 0: none
+
+	afterRead   func(b []byte, err error) // after every Read, with what it returned
+	beforeSetRD func()                    // SetReadDeadline and SetDeadline
+	beforeSetWD func()                    // SetWriteDeadline and SetDeadline
+	beforeWrite func(b []byte)            // after the write's start is counted and logged
+}
+
+func (c *probeConn) Read(b []byte) (int, error) {
+	n, err := c.Conn.Read(b)
+	if n > 0 {
+		c.log.add(c.name, "read", b[:n])
+	}
+	if c.afterRead != nil {
+		c.afterRead(b[:n], err)
+	}
+	return n, err
+}
+
+func (c *probeConn) Write(b []byte) (int, error) {
+	i := c.writes.Add(1)
+	entry := c.log.add(c.name, "write", b)
+	if c.beforeWrite != nil {
+		c.beforeWrite(b)
+	}
+	n, err := c.Conn.Write(b)
+	if n == 0 {
+		c.log.retitle(entry, "write, nothing sent") // no frame began: not a write to check
+	}
+	if err != nil {
+		c.failed.CompareAndSwap(0, i)
+		c.log.add(c.name, "write failed: "+err.Error(), nil)
+	}
+	return n, err
+}
+
+func (c *probeConn) SetReadDeadline(t time.Time) error {
+	if c.beforeSetRD != nil {
+		c.beforeSetRD()
+	}
+	return c.Conn.SetReadDeadline(t)
+}
+
+func (c *probeConn) SetWriteDeadline(t time.Time) error {
+	if c.beforeSetWD != nil {
+		c.beforeSetWD()
+	}
+	return c.Conn.SetWriteDeadline(t)
+}
+
+func (c *probeConn) SetDeadline(t time.Time) error {
+	if c.beforeSetRD != nil {
+		c.beforeSetRD()
+	}
+	if c.beforeSetWD != nil {
+		c.beforeSetWD()
+	}
+	return c.Conn.SetDeadline(t)
+}
+
+type probeEntry struct {
+	conn, what string
+	b          []byte
+}
+
+func (e probeEntry) String() string { return fmt.Sprintf("%s %s % x", e.conn, e.what, e.b) }
+
+// probeLog is the order in which things happened on the server's
+// connections, with the test's own marks in between.
+type probeLog struct {
+	mu      sync.Mutex
+	entries []probeEntry
+}
+
+func (l *probeLog) add(conn, what string, b []byte) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.entries = append(l.entries, probeEntry{conn, what, bytes.Clone(b)})
+	return len(l.entries) - 1
+}
+
+func (l *probeLog) mark(what string) int { return l.add("test", what, nil) }
+
+func (l *probeLog) retitle(i int, what string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.entries[i].what = what
+}
+
+// writesSince returns the writes to conn that began after entry i.
+func (l *probeLog) writesSince(i int, conn string) []probeEntry {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []probeEntry
+	for _, e := range l.entries[i+1:] {
+		if e.conn == conn && e.what == "write" {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+func (l *probeLog) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var sb strings.Builder
+	for i, e := range l.entries {
+		fmt.Fprintf(&sb, "\n  #%d %v", i, e)
+	}
+	return sb.String()
+}
+
+// probeNet is a pipeListener whose connections are probeConns. It also
+// keeps the hooks of a test from reporting after the test has ended.
+type probeNet struct {
+	*pipeListener
+	log    probeLog
+	t      *testing.T
+	over   atomic.Bool  // the test is ending: hooks stop waiting
+	active atomic.Int32 // hooks under way
+}
+
+// newProbeNet's t reports what hooks' must gives up on; nil if none calls it.
+func newProbeNet(t *testing.T) *probeNet { return &probeNet{pipeListener: newPipeListener(), t: t} }
+
+// enter marks a hook under way until the function it returns is called; the
+// test's cleanup waits for it, so that the hook may still report.
+func (n *probeNet) enter() func() {
+	n.active.Add(1)
+	return func() { n.active.Add(-1) }
+}
+
+// wait polls cond for up to d, from a hook, which runs on one of the
+// server's goroutines. It returns whether cond held.
+func (n *probeNet) wait(d time.Duration, cond func() bool) bool {
+	for deadline := time.Now().Add(d); !cond(); time.Sleep(100 * time.Microsecond) {
+		if n.over.Load() || time.Now().After(deadline) {
+			return false
+		}
+	}
+	return true
+}
+
+// must is wait for up to soon that reports a failure.
+func (n *probeNet) must(what string, cond func() bool) bool {
+	if n.wait(soon, cond) {
+		return true
+	}
+	if !n.over.Load() {
+		n.t.Errorf("gave up waiting %v for %s", soon, what)
+	}
+	return false
+}
+
+// end stops the hooks' waits and waits for them to return.
+func (n *probeNet) end() {
+	n.over.Store(true)
+	for deadline := time.Now().Add(soon); n.active.Load() > 0 && time.Now().Before(deadline); {
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// pair returns the client's end and the server's, which the server gets
+// from accept once the test has set its hooks.
+func (n *probeNet) pair(name string) (net.Conn, *probeConn) {
+	c, s := net.Pipe()
+	return c, &probeConn{Conn: namedConn{s, pipeAddr(name)}, name: name, log: &n.log}
+}
+
+func (n *probeNet) accept(pc *probeConn) {
+	go func() {
+		select {
+		case n.conns <- pc:
+		case <-n.done:
+			pc.Close()
+		}
+	}()
+}
+
+func showFrames(fs []Frame) string {
+	parts := []string{}
+	for _, f := range fs {
+		switch f.Type {
+		case TypeWaiting:
+			parts = append(parts, "WAITING")
+		case TypeAcquired:
+			parts = append(parts, fmt.Sprintf("ACQUIRED(%d)", f.Token))
+		case TypeError:
+			parts = append(parts, fmt.Sprintf("ERROR(0x%02x)", uint8(f.Code)))
+		default:
+			parts = append(parts, fmt.Sprintf("type 0x%02x", f.Type))
+		}
+	}
+	return "[" + strings.Join(parts, " ") + "]"
+}
+
+// writesAfterStop returns the writes to conn that began after log entry
+// mark, when an administrator's call that ended its session returned,
+// other than its final ERROR (with code, unless code is 0).
+func writesAfterStop(log *probeLog, mark int, conn string, code Code) []probeEntry {
+	writes := log.writesSince(mark, conn)
+	if n := len(writes); n > 0 {
+		w := writes[n-1].b
+		if f, err := ReadFrame(bytes.NewReader(w)); err == nil && f.Type == TypeError && (code == 0 || f.Code == code) && len(w) == 3+len(f.Reason) {
+			writes = writes[:n-1] // the final ERROR
+		}
+	}
+	return writes
 }

@@ -1,6 +1,8 @@
 package monolock
 
 import (
+	"bytes"
+	"fmt"
 	"net"
 	"runtime"
 	"slices"
@@ -62,9 +64,136 @@ func TestSilentConnectionsAreCutAndDelayNobody(t *testing.T) {
 	}
 }
 
-func isTimeoutErr(err error) bool {
-	ne, ok := err.(net.Error)
-	return ok && ne.Timeout()
+// A holder that never reads fills its buffers; the server's writes to it
+// block, and nobody else may notice.
+func TestClientThatNeverReadsDelaysNobody(t *testing.T) {
+	l := startServerWatched(t, &Server{IOTimeout: time.Minute})
+	stuckHolder(t, l, "stuck")
+	addr := l.Addr().String()
+
+	// The stuck session's goroutine is blocked writing. Others are served
+	// at once, on another lock and on its own.
+	start := time.Now()
+	other := dialRaw(t, addr)
+	other.send(acquire("other", time.Minute))
+	token := other.expectAcquired()
+	for range 10 {
+		other.send(heartbeat)
+		other.expect(Frame{Type: TypeAcquired, Token: token})
+	}
+	queued := dialRaw(t, addr)
+	queued.send(acquire("stuck", time.Minute))
+	queued.expectWaiting()
+	if d := time.Since(start); d > 5*time.Second {
+		t.Fatalf("other sessions took %v while one client did not read", d)
+	}
+}
+
+// answers is how long a call that takes the table's mutex may take while a
+// write to another client is blocked: it should not wait for that write at
+// all, and the write blocks for a minute.
+const answers = 3 * time.Second
+
+// within runs f and fails the test if it has not returned within d, or
+// with what f says went wrong. f reports rather than fails: it may outlive
+// the test.
+func within(t *testing.T, d time.Duration, what string, f func() string) {
+	t.Helper()
+	done := make(chan string, 1)
+	go func() { done <- f() }()
+	select {
+	case problem := <-done:
+		if problem != "" {
+			t.Fatalf("%s: %s", what, problem)
+		}
+	case <-time.After(d):
+		t.Fatalf("%s did not answer within %v while a promotion push was blocked", what, d)
+	}
+}
+
+// A waiter that floods heartbeats and never reads has its buffers full,
+// so the server's writes to it block; the promotion pushed to it blocks
+// too. The table must stay free meanwhile: the push is network I/O and
+// is written outside the table's mutex.
+func TestBlockedPromotionPushDelaysNobody(t *testing.T) {
+	srv := &Server{IOTimeout: time.Minute}
+	l := startServerWatched(t, srv)
+	addr := l.Addr().String()
+
+	holder := dialRaw(t, addr)
+	holder.send(acquire("promo", time.Minute))
+	holder.expectAcquired()
+
+	waiter := dialRaw(t, addr)
+	waiter.Conn.(*net.TCPConn).SetReadBuffer(1024)
+	waiter.send(acquire("promo", time.Minute))
+	waiter.expectWaiting()
+	flooding := make(chan struct{})
+	go func() {
+		defer close(flooding)
+		flood := bytes.Repeat([]byte{TypeHeartbeat}, 1<<16)
+		for {
+			if _, err := waiter.Conn.Write(flood); err != nil {
+				return // closed by dialRaw's cleanup
+			}
+		}
+	}()
+	t.Cleanup(func() {
+		waiter.Close()
+		select {
+		case <-flooding:
+		case <-time.After(wait):
+			t.Errorf("the flooding writer did not stop within %v of its connection's close", wait)
+		}
+	})
+	client := waiter.LocalAddr().String()
+	waitFor(t, "a blocked write to the waiter that never reads", func() bool {
+		return l.blockedFor(client) > 500*time.Millisecond
+	})
+
+	// The holder leaves: the lock goes to the waiter, whose push blocks
+	// behind the blocked WAITING.
+	holder.Close()
+	deadline := time.Now().Add(wait)
+	for promoted := false; !promoted; {
+		var got bool
+		within(t, answers, "Lock", func() string {
+			info, ok := srv.Lock("promo")
+			got = ok && info.Holder != nil && info.Holder.RemoteAddr == client
+			return ""
+		})
+		promoted = got
+		if time.Now().After(deadline) {
+			t.Fatalf("the waiter was not promoted within %v of the holder's close", wait)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	time.Sleep(100 * time.Millisecond) // the push is under way by now, blocked
+
+	within(t, answers, "Stats", func() string {
+		if st := srv.Stats(); st.LocksHeld != 1 || st.Waiters != 0 {
+			return fmt.Sprintf("%d held, %d waiting during the blocked push; want 1, 0", st.LocksHeld, st.Waiters)
+		}
+		return ""
+	})
+	within(t, answers, "Locks", func() string {
+		if locks := srv.Locks(); len(locks) != 1 || locks[0].Name != "promo" {
+			return fmt.Sprintf("%+v during the blocked push", locks)
+		}
+		return ""
+	})
+	other := dialRaw(t, addr)
+	other.patience = answers
+	start := time.Now()
+	other.send(acquire("unrelated", time.Minute))
+	other.expectAcquired()
+	queued := dialRaw(t, addr)
+	queued.patience = answers
+	queued.send(acquire("promo", time.Minute))
+	queued.expectWaiting()
+	if d := time.Since(start); d > answers {
+		t.Fatalf("two ACQUIREs took %v while a promotion push was blocked", d)
+	}
 }
 
 // A name_len of 65535 is refused at once, without reading the name; a

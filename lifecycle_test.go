@@ -3,24 +3,24 @@ package monolock
 import (
 	"bytes"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
-	"math/big"
+	"math/rand/v2"
 	"net"
+	"runtime"
+	"slices"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
 )
 
 // These tests pin the ways a session ends when two things happen at once.
-// The race hunt (racehunt_test.go) looks for such moments at random; these
+// The race hunt (hunt_test.go) looks for such moments at random; these
 // make each of the known ones happen many times on real sockets.
 
 // readStream reads what the server sends until it closes, bounded by wait.
@@ -123,76 +123,6 @@ func TestWaiterEndingAsHolderLeaves(t *testing.T) {
 	}
 }
 
-// ForceRelease with a token ends only the holder of that grant: a holder
-// promoted a moment ago is not ended by a request meant for its
-// predecessor.
-func TestForceReleaseByToken(t *testing.T) {
-	srv := &Server{}
-	addr := startServer(t, srv)
-	holder, waiter, old := holderAndWaiter(t, addr, "by-token")
-	holder.Close()
-	token := waiter.expectAcquired()
-	if _, err := srv.ForceRelease("by-token", old); !errors.Is(err, ErrStaleToken) {
-		t.Fatalf("ForceRelease with the old holder's token = %v, want ErrStaleToken", err)
-	}
-	waiter.send(heartbeat)
-	waiter.expect(Frame{Type: TypeAcquired, Token: token}) // still the holder
-	info, err := srv.ForceRelease("by-token", token)
-	if err != nil || info.Token != token || info.RemoteAddr != waiter.LocalAddr().String() {
-		t.Fatalf("ForceRelease with the holder's token = %+v, %v", info, err)
-	}
-	waiter.expectError(CodeClosedByAdmin)
-	if _, err := srv.ForceRelease("by-token", 0); !errors.Is(err, ErrNotFound) {
-		t.Fatalf("ForceRelease of a free lock = %v, want ErrNotFound", err)
-	}
-}
-
-// An OnEvent that never returns costs bounded memory and counted events,
-// and Shutdown still returns when its context ends.
-func TestStalledOnEventIsBounded(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		release := make(chan struct{})
-		defer close(release)
-		srv := &Server{OnEvent: func(Event) { <-release }}
-		defer srv.Close() // on a failure, lets the bubble's goroutines end
-		l := newPipeListener()
-		go srv.Serve(l)
-		b, _ := acquire("cycle", time.Minute).AppendBinary(nil)
-		for i := range maxQueuedEvents/2 + 100 { // two events a cycle
-			c := l.dial("cycler")
-			if _, err := c.Write(b); err != nil {
-				t.Fatalf("cycle %d: %v", i, err)
-			}
-			var reply [9]byte
-			if _, err := io.ReadFull(c, reply[:]); err != nil || reply[0] != TypeAcquired {
-				t.Fatalf("cycle %d: % x, %v", i, reply, err)
-			}
-			c.Close()
-			synctest.Wait() // the session has ended and queued its release
-		}
-		srv.mu.Lock()
-		queued := len(srv.events)
-		srv.mu.Unlock()
-		if st := srv.Stats(); queued > maxQueuedEvents || st.EventsDropped == 0 {
-			t.Fatalf("%d events queued, %d dropped: want at most %d queued, the rest counted", queued, st.EventsDropped, maxQueuedEvents)
-		}
-		returned := make(chan error, 1)
-		go func() {
-			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-			defer cancel()
-			returned <- srv.Shutdown(ctx)
-		}()
-		select {
-		case err := <-returned:
-			if !errors.Is(err, context.DeadlineExceeded) {
-				t.Errorf("Shutdown = %v, want the context's deadline", err)
-			}
-		case <-time.After(time.Minute):
-			t.Errorf("Shutdown did not return a minute after its context ended")
-		}
-	})
-}
-
 // Shutdown ends within one io-timeout even when a TLS client does not read
 // (crypto/tls's own Close would wait 5 s more to send close_notify).
 func TestShutdownWithTLSClientsIsBounded(t *testing.T) {
@@ -253,24 +183,19 @@ func shutdownWithin(t *testing.T, srv *Server, d time.Duration) {
 	}
 }
 
-// selfSigned returns a certificate for 127.0.0.1, made for the test.
-func selfSigned(t *testing.T) tls.Certificate {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
+func TestShutdownDeadlineClosesStuckSessions(t *testing.T) {
+	srv := &Server{IOTimeout: time.Minute}
+	stuckHolder(t, startServerWatched(t, srv), "stuck")
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	if err := srv.Shutdown(ctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Shutdown returned %v, want the context's deadline", err)
 	}
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(1),
-		IPAddresses:  []net.IP{net.IPv4(127, 0, 0, 1)},
-		NotBefore:    time.Now().Add(-time.Hour),
-		NotAfter:     time.Now().Add(time.Hour),
+	srv.mu.Lock()
+	defer srv.mu.Unlock()
+	if n := len(srv.sessions); n != 0 {
+		t.Fatalf("%d sessions left after a forced shutdown", n)
 	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
 }
 
 // Shutdown grants nothing: a holder taken out of the table before its
@@ -288,5 +213,1401 @@ func TestShutdownPromotesNobody(t *testing.T) {
 	}
 	if after := srv.Stats().Grants; after != before {
 		t.Fatalf("%d grants during shutdown", after-before)
+	}
+}
+
+// Regression tests for the ways a session's end can cross another
+// session's, an administrator's call or a shutdown. Each places the
+// crossing at one exact point through hooks on the server's connections
+// (every server must call Read, Write and the deadlines), and uses only the
+// package's exported API, so that they hold any implementation of the
+// server to the protocol: docs/protocol.md, sections 4 ("The last frame is
+// the last frame") and 6.
+//
+// Every client's whole byte stream is read until the server closes it and
+// compared with what the protocol allows.
+
+// clientStream reads, as a client must, every frame the server sends on
+// one connection until it ends, keeping each frame's arrival time.
+type clientStream struct {
+	name   string
+	ch     chan Frame
+	done   chan struct{}
+	mu     sync.Mutex
+	frames []Frame
+	at     []time.Time
+	err    error // what ended the stream
+}
+
+func watch(name string, c net.Conn) *clientStream {
+	s := &clientStream{name: name, ch: make(chan Frame, 64), done: make(chan struct{})}
+	go func() {
+		defer close(s.done)
+		for {
+			f, err := ReadFrame(c)
+			s.mu.Lock()
+			if err != nil {
+				s.err = err
+				s.mu.Unlock()
+				return
+			}
+			s.frames = append(s.frames, f)
+			s.at = append(s.at, time.Now())
+			s.mu.Unlock()
+			s.ch <- f
+		}
+	}()
+	return s
+}
+
+// next returns the stream's next frame, which must be of type typ.
+func (s *clientStream) next(t *testing.T, typ byte) Frame {
+	t.Helper()
+	var f Frame
+	select {
+	case f = <-s.ch:
+	case <-s.done:
+		select {
+		case f = <-s.ch:
+		default:
+			t.Fatalf("%s: the stream ended (%v) before a frame of type 0x%02x: %s", s.name, s.err, typ, s.show())
+		}
+	case <-time.After(soon):
+		t.Fatalf("%s: no frame of type 0x%02x within %v: %s", s.name, typ, soon, s.show())
+	}
+	if f.Type != typ {
+		t.Fatalf("%s: got %s, want a frame of type 0x%02x", s.name, showFrames([]Frame{f}), typ)
+	}
+	return f
+}
+
+// finish waits for the end of the stream and returns all its frames. The
+// stream must end between two frames: by the server's close (EOF), or by
+// the test's (closed pipe).
+func (s *clientStream) finish(t *testing.T) ([]Frame, []time.Time) {
+	t.Helper()
+	select {
+	case <-s.done:
+	case <-time.After(soon):
+		t.Fatalf("%s: the server did not close the connection within %v: %s", s.name, soon, s.show())
+	}
+	if !errors.Is(s.err, io.EOF) && !errors.Is(s.err, io.ErrClosedPipe) {
+		t.Errorf("%s: the stream is not a sequence of frames: %v after %s", s.name, s.err, s.show())
+	}
+	return s.frames, s.at
+}
+
+func (s *clientStream) show() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return showFrames(s.frames)
+}
+
+// expectStream reads s to its end and checks that it is exactly want: the
+// types, the codes of ERRORs, and the tokens of ACQUIREDs where want has one.
+func expectStream(t *testing.T, s *clientStream, want ...Frame) []Frame {
+	t.Helper()
+	got, _ := s.finish(t)
+	ok := len(got) == len(want)
+	for i := 0; ok && i < len(got); i++ {
+		g, w := got[i], want[i]
+		ok = g.Type == w.Type && (w.Type != TypeError || g.Code == w.Code) &&
+			(w.Type != TypeAcquired || w.Token == 0 || g.Token == w.Token)
+	}
+	if !ok {
+		t.Errorf("%s received %s, want %s", s.name, showFrames(got), showFrames(want))
+	}
+	return got
+}
+
+var (
+	waitingFrame = Frame{Type: TypeWaiting}
+	acquiredAny  = Frame{Type: TypeAcquired}
+)
+
+func acquiredFrame(token uint64) Frame { return Frame{Type: TypeAcquired, Token: token} }
+func errorFrame(code Code) Frame       { return Frame{Type: TypeError, Code: code} }
+
+func sendFrames(t *testing.T, c net.Conn, frames ...Frame) {
+	t.Helper()
+	var b []byte
+	for _, f := range frames {
+		b, _ = f.AppendBinary(b)
+	}
+	sendRaw(t, c, b)
+}
+
+func sendRaw(t *testing.T, c net.Conn, b []byte) {
+	t.Helper()
+	c.SetWriteDeadline(time.Now().Add(soon))
+	if _, err := c.Write(b); err != nil {
+		t.Fatalf("client write % x: %v", b, err)
+	}
+}
+
+// holderOf returns the remote address of name's holder, or "".
+func holderOf(srv *Server, name string) string {
+	if li, ok := srv.Lock(name); ok && li.Holder != nil {
+		return li.Holder.RemoteAddr
+	}
+	return ""
+}
+
+// grantsAndReleases returns name's grants and releases, as "granted a".
+func grantsAndReleases(evs []Event, name string) []string {
+	var out []string
+	for _, ev := range evs {
+		if ev.Lock == name && (ev.Type == EventGranted || ev.Type == EventReleased) {
+			out = append(out, ev.Type+" "+ev.RemoteAddr)
+		}
+	}
+	return out
+}
+
+// shutdownNow shuts srv down, which ends every stream still open with
+// ERROR 0x01, and waits for Serve and for OnEvent to be told everything.
+func shutdownNow(t *testing.T, srv *Server, served <-chan error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), soon)
+	defer cancel()
+	if err := srv.Shutdown(ctx); err != nil {
+		t.Errorf("Shutdown: %v", err)
+	}
+	select {
+	case <-served:
+	case <-time.After(soon):
+		t.Errorf("Serve did not return within %v of Shutdown", soon)
+	}
+}
+
+func serveProbes(t *testing.T, srv *Server) (*probeNet, <-chan error) {
+	n := newProbeNet(t)
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(n) }()
+	t.Cleanup(func() {
+		n.end()
+		srv.Close()
+	})
+	return n, served
+}
+
+// A waiter that has sent HEARTBEAT and an unknown type byte in one write is
+// ending on its own once the server has read the bad byte: the holder
+// leaving then must not promote it (no token spent on it, no ACQUIRED
+// before its ERROR 0x13). The holder leaves while the server's first write
+// after reading the bad byte (the heartbeat's WAITING) is held.
+func TestPromotionSkipsEndingWaiter(t *testing.T) {
+	var ev eventLog
+	srv := &Server{IOTimeout: soon, OnEvent: ev.add}
+	n, served := serveProbes(t, srv)
+
+	hc, hs := n.pair("h")
+	n.accept(hs)
+	h := watch("h", hc)
+	sendFrames(t, hc, acquire("x", time.Minute))
+	h.next(t, TypeAcquired)
+
+	ac, as := n.pair("a")
+	var badRead, held, pushWaited atomic.Bool
+	var writesAtHold atomic.Int64
+	as.afterRead = func(b []byte, err error) {
+		if bytes.IndexByte(b, 0x7f) >= 0 {
+			badRead.Store(true)
+		}
+	}
+	as.beforeWrite = func(b []byte) {
+		if !badRead.Load() || held.Swap(true) {
+			return
+		}
+		defer n.enter()()
+		// The server has read 0x7f and not yet answered it: h leaves now.
+		writesAtHold.Store(as.writes.Load())
+		n.log.mark("h closes")
+		hc.Close()
+		n.must("h to leave the table", func() bool { return holderOf(srv, "x") != "h" })
+		n.log.mark("h has left the table")
+	}
+	as.beforeSetRD = func() {
+		if !held.Load() || pushWaited.Swap(true) {
+			return
+		}
+		defer n.enter()()
+		if holderOf(srv, "x") == "a" { // promoted: a push is due; let it go first, as the scheduler may
+			n.must("the push to a to begin", func() bool { return as.writes.Load() > writesAtHold.Load() })
+		}
+	}
+	n.accept(as)
+	a := watch("a", ac)
+	sendFrames(t, ac, acquire("x", time.Minute))
+	a.next(t, TypeWaiting)
+
+	sendRaw(t, ac, []byte{TypeHeartbeat, 0x7f})
+	got, _ := a.finish(t)
+	shutdownNow(t, srv, served)
+	expectStream(t, h, acquiredAny)
+	if !held.Load() {
+		t.Fatalf("the server wrote nothing to a after reading 0x7f; log:%v", &n.log)
+	}
+
+	// WAITING answers the ACQUIRE and (if the server answers it) the
+	// HEARTBEAT; ERROR 0x13 answers 0x7f; nothing else.
+	ok := len(got) >= 2 && got[len(got)-1].Type == TypeError && got[len(got)-1].Code == CodeUnknownType
+	for i := 0; ok && i < len(got)-1; i++ {
+		ok = got[i].Type == TypeWaiting && i < 2
+	}
+	if !ok {
+		t.Errorf("a received %s; want [WAITING WAITING ERROR(0x13)] (or [WAITING ERROR(0x13)]), never ACQUIRED", showFrames(got))
+	}
+	for _, e := range ev.snapshot() {
+		if e.Type == EventGranted && e.RemoteAddr == "a" {
+			t.Errorf("token %d was spent on a, whose 0x7f the server had read before h left", e.Token)
+		}
+	}
+	if g := srv.Stats().Grants; g != 1 {
+		t.Errorf("Stats.Grants = %d, want 1 (h only)", g)
+	}
+	if t.Failed() {
+		t.Logf("server log:%v", &n.log)
+	}
+}
+
+// A waiter whose lease has passed by the server's clock is not promoted,
+// even if its goroutine has not yet acted on it: the next live waiter is.
+// The read that tells the server of a's silence is held until the holder
+// has left.
+func TestPromotionSkipsExpiredWaiter(t *testing.T) {
+	var ev eventLog
+	srv := &Server{IOTimeout: soon, OnEvent: ev.add}
+	n, served := serveProbes(t, srv)
+
+	hc, hs := n.pair("h")
+	n.accept(hs)
+	h := watch("h", hc)
+	sendFrames(t, hc, acquire("x", time.Minute))
+	h.next(t, TypeAcquired)
+
+	const lease = 50 * time.Millisecond
+	ac, as := n.pair("a")
+	readFailed, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	t.Cleanup(func() { once.Do(func() { close(release) }) })
+	var heldOnce atomic.Bool
+	as.afterRead = func(b []byte, err error) {
+		if len(b) == 0 && err != nil && !heldOnce.Swap(true) {
+			close(readFailed) // the server is about to learn that a was silent
+			<-release
+		}
+	}
+	n.accept(as)
+	a := watch("a", ac)
+	sendFrames(t, ac, acquire("x", lease))
+	a.next(t, TypeWaiting)
+
+	bc, bs := n.pair("b")
+	n.accept(bs)
+	b := watch("b", bc)
+	sendFrames(t, bc, acquire("x", time.Minute))
+	b.next(t, TypeWaiting)
+
+	select {
+	case <-readFailed:
+	case <-time.After(20 * lease):
+		t.Logf("no read on a failed within %v; going on: its lease of %v has passed", 20*lease, lease)
+	}
+	time.Sleep(lease) // whatever the server's rounding: a's lease has passed
+	n.log.mark("h closes")
+	hc.Close()
+	waitFor(t, "h to leave the table", func() bool { return holderOf(srv, "x") != "h" })
+	n.log.mark("h has left the table")
+	once.Do(func() { close(release) })
+
+	expectStream(t, a, waitingFrame) // dropped without an ERROR, never ACQUIRED
+	tB := b.next(t, TypeAcquired).Token
+	shutdownNow(t, srv, served)
+	expectStream(t, b, waitingFrame, acquiredFrame(tB), errorFrame(CodeShuttingDown))
+	expectStream(t, h, acquiredAny)
+	got := grantsAndReleases(ev.snapshot(), "x")
+	want := []string{"granted h", "released h", "granted b", "released b"}
+	if strings.Join(got, ", ") != strings.Join(want, ", ") {
+		t.Errorf("the grants and releases of x were %q, want %q: a's lease had passed when h left", got, want)
+	}
+	if t.Failed() {
+		t.Logf("server log:%v", &n.log)
+	}
+}
+
+// adminStop runs an administrator's call on a goroutine of its own, from a
+// hook that holds one of the server's goroutines, and marks in the log the
+// moment the call returned.
+type adminStop struct {
+	n      *probeNet
+	call   func() (SessionInfo, error)
+	fired  atomic.Bool
+	where  string
+	result chan adminResult
+}
+
+type adminResult struct {
+	info SessionInfo
+	err  error
+	mark int // the log entry made when the call returned
+}
+
+func newAdminStop(n *probeNet, call func() (SessionInfo, error)) *adminStop {
+	return &adminStop{n: n, call: call, result: make(chan adminResult, 1)}
+}
+
+// fire makes the call, once, and waits for it to return (bounded: the
+// goroutine it holds may be one the call has to wait for).
+func (s *adminStop) fire(where string) {
+	if s.fired.Swap(true) {
+		return
+	}
+	defer s.n.enter()()
+	s.where = where
+	var done atomic.Bool
+	go func() {
+		info, err := s.call()
+		s.result <- adminResult{info, err, s.n.log.mark("the administrator's call returned")}
+		done.Store(true)
+	}()
+	s.n.must("the administrator's call to return while the server's write was held "+where, done.Load)
+}
+
+// returned waits for the call's result.
+func (s *adminStop) returned(t *testing.T) adminResult {
+	t.Helper()
+	select {
+	case r := <-s.result:
+		if r.err != nil {
+			t.Fatalf("the administrator's call: %v", r.err)
+		}
+		return r
+	case <-time.After(soon):
+		if !s.fired.Load() {
+			t.Fatalf("the server did not write to the session within %v: the administrator's call was never made; log:%v", soon, &s.n.log)
+		}
+		t.Fatalf("the administrator's call did not return within %v", soon)
+		panic("unreachable")
+	}
+}
+
+// hookBeforeWrite arms stop at the server's next write to pc once armed is
+// set: at its write deadline, after the server's last check and before
+// the write begins; or, for a server that sets none, at the write's start.
+func hookBeforeWrite(pc *probeConn, armed *atomic.Bool, when func() bool, stop *adminStop) {
+	pc.beforeSetWD = func() {
+		if armed.Load() && when() {
+			stop.fire("at its write deadline")
+		}
+	}
+	pc.beforeWrite = func([]byte) {
+		if armed.Load() && when() {
+			stop.fire("as the write began (the server set no write deadline before it; nothing is tested)")
+		}
+	}
+}
+
+// noWriteAfter checks that, after the administrator's call returned, no
+// write began on conn but the one final ERROR 0x02.
+func noWriteAfter(t *testing.T, log *probeLog, r adminResult, conn string) {
+	t.Helper()
+	for _, w := range writesAfterStop(log, r.mark, conn, CodeClosedByAdmin) {
+		f, _ := ReadFrame(bytes.NewReader(w.b))
+		t.Errorf("a write to %s began after the administrator's call returned: % x %s", conn, w.b, showFrames([]Frame{f}))
+	}
+}
+
+// A holder's HEARTBEAT has been read and checked, and its reply is about to
+// be written, when an administrator force-releases the holder: once
+// ForceRelease has returned (and the next waiter has the lock), no reply
+// may begin on the old holder's connection, only its ERROR 0x02.
+func TestNoHeartbeatReplyAfterForceRelease(t *testing.T) {
+	srv := &Server{IOTimeout: soon}
+	n, served := serveProbes(t, srv)
+
+	ac, as := n.pair("a")
+	var armed atomic.Bool
+	stop := newAdminStop(n, func() (SessionInfo, error) { return srv.ForceRelease("x", 0) })
+	hookBeforeWrite(as, &armed, func() bool { return true }, stop)
+	n.accept(as)
+	a := watch("a", ac)
+	sendFrames(t, ac, acquire("x", time.Minute))
+	tA := a.next(t, TypeAcquired).Token
+
+	bc, bs := n.pair("b")
+	n.accept(bs)
+	b := watch("b", bc)
+	sendFrames(t, bc, acquire("x", time.Minute))
+	b.next(t, TypeWaiting)
+
+	armed.Store(true)
+	sendFrames(t, ac, heartbeat)
+	tB := b.next(t, TypeAcquired).Token
+	r := stop.returned(t)
+	if r.info.RemoteAddr != "a" {
+		t.Fatalf("ForceRelease ended %+v, want a", r.info)
+	}
+	expectStream(t, a, acquiredFrame(tA), errorFrame(CodeClosedByAdmin))
+	shutdownNow(t, srv, served)
+	expectStream(t, b, waitingFrame, acquiredFrame(tB), errorFrame(CodeShuttingDown))
+	noWriteAfter(t, &n.log, r, "a")
+	if t.Failed() {
+		t.Logf("ForceRelease made %s; b was granted token %d; server log:%v", stop.where, tB, &n.log)
+	}
+}
+
+// A waiter has been promoted and its push is about to be written when an
+// administrator force-releases it: once ForceRelease has returned (and the
+// next waiter has the lock), the push may not begin, only ERROR 0x02.
+func TestNoPushAfterForceRelease(t *testing.T) {
+	srv := &Server{IOTimeout: soon}
+	n, served := serveProbes(t, srv)
+
+	hc, hs := n.pair("h")
+	n.accept(hs)
+	h := watch("h", hc)
+	sendFrames(t, hc, acquire("x", time.Minute))
+	h.next(t, TypeAcquired)
+
+	ac, as := n.pair("a")
+	var armed atomic.Bool
+	stop := newAdminStop(n, func() (SessionInfo, error) { return srv.ForceRelease("x", 0) })
+	hookBeforeWrite(as, &armed, func() bool { return holderOf(srv, "x") == "a" }, stop)
+	n.accept(as)
+	a := watch("a", ac)
+	sendFrames(t, ac, acquire("x", time.Minute))
+	a.next(t, TypeWaiting)
+
+	bc, bs := n.pair("b")
+	n.accept(bs)
+	b := watch("b", bc)
+	sendFrames(t, bc, acquire("x", time.Minute))
+	b.next(t, TypeWaiting)
+
+	armed.Store(true)
+	hc.Close() // a is promoted; its push is held before its write
+	tB := b.next(t, TypeAcquired).Token
+	r := stop.returned(t)
+	if r.info.RemoteAddr != "a" {
+		t.Fatalf("ForceRelease ended %+v, want a", r.info)
+	}
+	expectStream(t, a, waitingFrame, errorFrame(CodeClosedByAdmin))
+	shutdownNow(t, srv, served)
+	expectStream(t, b, waitingFrame, acquiredFrame(tB), errorFrame(CodeShuttingDown))
+	expectStream(t, h, acquiredAny)
+	noWriteAfter(t, &n.log, r, "a")
+	if t.Failed() {
+		t.Logf("ForceRelease made %s; b was granted token %d; server log:%v", stop.where, tB, &n.log)
+	}
+}
+
+// A waiter's HEARTBEAT has been read and checked, and its WAITING is about
+// to be written, when an administrator kicks the waiter: once KickWaiter
+// has returned, no reply may begin, only ERROR 0x02.
+func TestNoHeartbeatReplyAfterKickWaiter(t *testing.T) {
+	srv := &Server{IOTimeout: soon}
+	n, served := serveProbes(t, srv)
+
+	hc, hs := n.pair("h")
+	n.accept(hs)
+	h := watch("h", hc)
+	sendFrames(t, hc, acquire("x", time.Minute))
+	tH := h.next(t, TypeAcquired).Token
+
+	ac, as := n.pair("a")
+	var armed atomic.Bool
+	stop := newAdminStop(n, func() (SessionInfo, error) { return srv.KickWaiter("x", "a") })
+	hookBeforeWrite(as, &armed, func() bool { return true }, stop)
+	n.accept(as)
+	a := watch("a", ac)
+	sendFrames(t, ac, acquire("x", time.Minute))
+	a.next(t, TypeWaiting)
+
+	armed.Store(true)
+	sendFrames(t, ac, heartbeat)
+	r := stop.returned(t)
+	expectStream(t, a, waitingFrame, errorFrame(CodeClosedByAdmin))
+	shutdownNow(t, srv, served)
+	expectStream(t, h, acquiredFrame(tH), errorFrame(CodeShuttingDown))
+	noWriteAfter(t, &n.log, r, "a")
+	if t.Failed() {
+		t.Logf("KickWaiter made %s; server log:%v", stop.where, &n.log)
+	}
+}
+
+// ForceRelease returns at once, and the released holder is told ERROR 0x02
+// at once, even when the next waiter, promoted by it, does not read (its
+// push cannot be written until the io-timeout). Fake time: 50ms is exact.
+func TestForceReleaseDoesNotWaitForNextWaiter(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const ioTimeout = 10 * time.Second
+		srv := &Server{IOTimeout: ioTimeout}
+		l := newPipeListener()
+		served := make(chan error, 1)
+		go func() { served <- srv.Serve(l) }()
+		defer srv.Close()
+
+		ac := l.dial("a")
+		a := watch("a", ac)
+		sendFrames(t, ac, acquire("x", time.Minute))
+		tA := a.next(t, TypeAcquired).Token
+
+		bc := l.dial("b") // b reads its WAITING, then nothing
+		sendFrames(t, bc, acquire("x", time.Minute))
+		if f, err := ReadFrame(bc); err != nil || f.Type != TypeWaiting {
+			t.Fatalf("b: %+v, %v; want WAITING", f, err)
+		}
+		synctest.Wait() // a's and b's sessions wait for their next frame
+
+		start := time.Now()
+		returned := make(chan time.Duration, 1)
+		go func() {
+			if _, err := srv.ForceRelease("x", 0); err != nil {
+				t.Errorf("ForceRelease: %v", err)
+			}
+			returned <- time.Since(start)
+		}()
+		var took time.Duration
+		select {
+		case took = <-returned:
+		case <-time.After(time.Second):
+			took = <-returned
+		}
+		if took > 50*time.Millisecond {
+			t.Errorf("ForceRelease returned after %v (io-timeout %v): it waited for the next waiter, which does not read", took, ioTimeout)
+		}
+		got := expectStream(t, a, acquiredFrame(tA), errorFrame(CodeClosedByAdmin))
+		if _, at := a.finish(t); len(got) == 2 {
+			if d := at[1].Sub(start); d > 50*time.Millisecond {
+				t.Errorf("a's ERROR 0x02 arrived %v after ForceRelease was called (io-timeout %v)", d, ioTimeout)
+			}
+		}
+		bc.Close()
+		shutdownNow(t, srv, served)
+	})
+}
+
+// KickWaiter returns at once, and the kicked waiter is told ERROR 0x02 at
+// once, while another waiter does not read; kicking the waiter that does
+// not read returns at once too. Fake time: 50ms is exact.
+func TestKickWaiterDoesNotWaitForSlowClient(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const ioTimeout = 10 * time.Second
+		srv := &Server{IOTimeout: ioTimeout}
+		l := newPipeListener()
+		served := make(chan error, 1)
+		go func() { served <- srv.Serve(l) }()
+		defer srv.Close()
+
+		hc := l.dial("h")
+		h := watch("h", hc)
+		sendFrames(t, hc, acquire("x", time.Minute))
+		tH := h.next(t, TypeAcquired).Token
+
+		sc := l.dial("slow") // reads its WAITING, sends a HEARTBEAT, reads nothing more
+		sendFrames(t, sc, acquire("x", time.Minute))
+		if f, err := ReadFrame(sc); err != nil || f.Type != TypeWaiting {
+			t.Fatalf("slow: %+v, %v; want WAITING", f, err)
+		}
+		sendFrames(t, sc, heartbeat)
+
+		cc := l.dial("c")
+		c := watch("c", cc)
+		sendFrames(t, cc, acquire("x", time.Minute))
+		c.next(t, TypeWaiting)
+		synctest.Wait() // the reply to slow's heartbeat is blocked in its write
+
+		kick := func(who string) time.Time {
+			start := time.Now()
+			returned := make(chan time.Duration, 1)
+			go func() {
+				if _, err := srv.KickWaiter("x", who); err != nil {
+					t.Errorf("KickWaiter %s: %v", who, err)
+				}
+				returned <- time.Since(start)
+			}()
+			var took time.Duration
+			select {
+			case took = <-returned:
+			case <-time.After(time.Second):
+				took = <-returned
+			}
+			if took > 50*time.Millisecond {
+				t.Errorf("KickWaiter(%s) returned after %v (io-timeout %v)", who, took, ioTimeout)
+			}
+			return start
+		}
+		start := kick("c")
+		got := expectStream(t, c, waitingFrame, errorFrame(CodeClosedByAdmin))
+		if _, at := c.finish(t); len(got) == 2 {
+			if d := at[1].Sub(start); d > 50*time.Millisecond {
+				t.Errorf("c's ERROR 0x02 arrived %v after KickWaiter was called (io-timeout %v)", d, ioTimeout)
+			}
+		}
+		kick("slow")
+		sc.Close()
+		shutdownNow(t, srv, served)
+		expectStream(t, h, acquiredFrame(tH), errorFrame(CodeShuttingDown))
+	})
+}
+
+// After a write to a session has failed, nothing more is written to it:
+// the stream may have ended mid-frame. Here the failed write is the push
+// of a promotion, and the session has a second HEARTBEAT already read: its
+// answer must never reach conn.Write.
+func TestNoWriteAfterFailedPush(t *testing.T) {
+	srv := &Server{IOTimeout: soon}
+	n, served := serveProbes(t, srv)
+
+	hc, hs := n.pair("h")
+	n.accept(hs)
+	h := watch("h", hc)
+	sendFrames(t, hc, acquire("x", time.Minute))
+	h.next(t, TypeAcquired)
+
+	ac, as := n.pair("a")
+	var armed, cutNext, cut, used atomic.Bool
+	var writesAtArm atomic.Int64
+	as.beforeSetRD = func() {
+		// After the first heartbeat's answer, before the second is taken
+		// up: h leaves, a is promoted, and its push is written (and fails).
+		if !armed.Load() || as.writes.Load() <= writesAtArm.Load() || used.Swap(true) {
+			return
+		}
+		defer n.enter()()
+		cutNext.Store(true)
+		n.log.mark("h closes")
+		hc.Close()
+		n.must("h to leave the table", func() bool { return holderOf(srv, "x") != "h" })
+		// The push is written by another goroutine, which may already have
+		// failed and ended a: a's grant is checked in Stats below.
+		n.wait(time.Second, func() bool { return as.failed.Load() != 0 })
+	}
+	as.beforeWrite = func([]byte) {
+		if cutNext.Load() && !cut.Swap(true) {
+			n.log.mark("a's client goes away")
+			ac.Close() // the write to a fails
+		}
+	}
+	n.accept(as)
+	a := watch("a", ac)
+	sendFrames(t, ac, acquire("x", time.Minute))
+	a.next(t, TypeWaiting)
+
+	writesAtArm.Store(as.writes.Load())
+	armed.Store(true)
+	sendFrames(t, ac, heartbeat, heartbeat) // one write: the server reads both at once
+	got, _ := a.finish(t)
+	waitFor(t, "a and h to leave the table", func() bool { return srv.Stats().Connections == 0 })
+	shutdownNow(t, srv, served)
+	if len(got) < 1 || got[0].Type != TypeWaiting {
+		t.Errorf("a received %s before it went away, want WAITING first", showFrames(got))
+	}
+	if !used.Load() {
+		t.Fatalf("the server set no read deadline between a's two heartbeats: this test cannot place h's leave there; log:%v", &n.log)
+	}
+	failed := as.failed.Load()
+	if failed == 0 {
+		t.Fatalf("no write to a failed; log:%v", &n.log)
+	}
+	if after := as.writes.Load() - failed; after != 0 {
+		t.Errorf("%d Write call(s) on a's connection after its write #%d (the push) failed", after, failed)
+	}
+	if g := srv.Stats().Grants; g != 2 {
+		t.Errorf("%d grants, want 2: h's and a's by promotion", g)
+	}
+	expectStream(t, h, acquiredAny)
+	if t.Failed() {
+		t.Logf("server log:%v", &n.log)
+	}
+}
+
+// Shutdown returns when its context ends, even while an Authorize callback
+// is still running (for 3s here).
+func TestShutdownDoesNotWaitForAuthorize(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		entered := make(chan struct{})
+		var once sync.Once
+		srv := &Server{IOTimeout: 10 * time.Second, Authorize: func(identity, lock string) bool {
+			once.Do(func() { close(entered) })
+			time.Sleep(3 * time.Second)
+			return true
+		}}
+		l := newPipeListener()
+		served := make(chan error, 1)
+		go func() { served <- srv.Serve(l) }()
+		defer srv.Close()
+
+		cc := l.dial("c")
+		c := watch("c", cc)
+		sendFrames(t, cc, acquire("x", time.Minute))
+		select {
+		case <-entered:
+		case <-time.After(time.Second):
+			t.Fatal("Authorize was not called")
+		}
+
+		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+		defer cancel()
+		start := time.Now()
+		returned := make(chan error, 1)
+		go func() { returned <- srv.Shutdown(ctx) }()
+		var err error
+		select {
+		case err = <-returned:
+		case <-time.After(time.Second):
+			err = <-returned
+		}
+		if took := time.Since(start); took > time.Second {
+			t.Errorf("Shutdown returned after %v; its context ended after 100ms (Authorize takes 3s)", took)
+		}
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("Shutdown = %v, want the context's error", err)
+		}
+		got, _ := c.finish(t)
+		if len(got) > 1 || len(got) == 1 && (got[0].Type != TypeError || got[0].Code != CodeShuttingDown) {
+			t.Errorf("c received %s, want nothing or [ERROR(0x01)]", showFrames(got))
+		}
+		cc.Close()
+		select {
+		case <-served:
+		case <-time.After(soon):
+			t.Errorf("Serve did not return")
+		}
+		time.Sleep(3 * time.Second) // Authorize returns, and its session ends
+		synctest.Wait()
+	})
+}
+
+func sendAcquire(t *testing.T, c net.Conn, name string, lease time.Duration) {
+	t.Helper()
+	b, _ := acquire(name, lease).AppendBinary(nil)
+	if _, err := c.Write(b); err != nil {
+		t.Fatalf("write ACQUIRE: %v", err)
+	}
+}
+
+func mustRead(t *testing.T, c net.Conn, typ byte) Frame {
+	t.Helper()
+	c.SetReadDeadline(time.Now().Add(time.Minute))
+	f, err := ReadFrame(c)
+	if err != nil {
+		t.Fatalf("read: %v", err)
+	}
+	if f.Type != typ {
+		t.Fatalf("got frame %+v, want type 0x%02x", f, typ)
+	}
+	return f
+}
+
+// readRest reads every frame until the connection ends.
+func readRest(c net.Conn) []Frame {
+	var fs []Frame
+	c.SetReadDeadline(time.Now().Add(time.Minute))
+	for {
+		f, err := ReadFrame(c)
+		if err != nil {
+			return fs
+		}
+		fs = append(fs, f)
+	}
+}
+
+// A holder's HEARTBEAT has been read; before the reply is written, an
+// administrator force-releases it and the next waiter is granted. The old
+// holder is then told ACQUIRED (its old token) although it is out of the
+// table and another session holds the lock.
+func TestInterleavingHeartbeatReplyAfterForceRelease(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var evMu sync.Mutex
+		var events []Event
+		srv := &Server{IOTimeout: 2 * time.Second, OnEvent: func(ev Event) {
+			evMu.Lock()
+			events = append(events, ev)
+			evMu.Unlock()
+		}}
+		l := newStepListener()
+		go srv.Serve(l)
+		defer srv.Close()
+
+		a, as := l.dial("a")
+		sendAcquire(t, a, "x", 10*time.Second)
+		tA := mustRead(t, a, TypeAcquired).Token
+		b, _ := l.dial("b")
+		sendAcquire(t, b, "x", 10*time.Second)
+		mustRead(t, b, TypeWaiting)
+
+		var forcedAt int
+		var once sync.Once
+		as.onRead = func(p []byte) {
+			if p[0] == TypeHeartbeat {
+				once.Do(func() {
+					if _, err := srv.ForceRelease("x", 0); err != nil {
+						panic(err)
+					}
+					forcedAt = len(l.log.snapshot())
+				})
+			}
+		}
+		if _, err := a.Write([]byte{TypeHeartbeat}); err != nil {
+			t.Fatal(err)
+		}
+		tB := mustRead(t, b, TypeAcquired).Token
+		rest := readRest(a)
+		t.Logf("b was granted token %d; a held %d", tB, tA)
+		noAcquiredAfterForce(t, rest, l.log.snapshot()[forcedAt:], tB)
+	})
+}
+
+// noAcquiredAfterForce checks what a received after ForceRelease ended its
+// session (rest): never ACQUIRED, which would now belong to b's token tB.
+// It logs the server's writes after ForceRelease returned, for the reader.
+func noAcquiredAfterForce(t *testing.T, rest []Frame, writes []string, tB uint64) {
+	t.Helper()
+	t.Logf("a received: %+v", rest)
+	for i, line := range writes {
+		t.Logf("server write after ForceRelease returned #%d: %s", i, line)
+	}
+	for _, f := range rest {
+		if f.Type == TypeAcquired {
+			t.Errorf("a was told ACQUIRED (token %d) after ForceRelease ended its session and granted b token %d", f.Token, tB)
+		}
+	}
+}
+
+// A waiter is promoted by its holder's end; before the push takes the
+// waiter's wmu (held by its own goroutine, writing WAITING to a slow
+// reader), an administrator force-releases it and the next waiter is
+// granted and pushed. The first waiter's push is then written anyway:
+// rule 5 says "a push decided before the session left stays unsent".
+func TestInterleavingPushAfterForceRelease(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		srv := &Server{IOTimeout: 5 * time.Second}
+		l := newStepListener()
+		go srv.Serve(l)
+		defer srv.Close()
+
+		h, _ := l.dial("h")
+		sendAcquire(t, h, "x", 10*time.Second)
+		mustRead(t, h, TypeAcquired)
+
+		a, as := l.dial("a")
+		sendAcquire(t, a, "x", 10*time.Second) // a does not read: join blocks writing WAITING, holding a.wmu
+		synctest.Wait()
+
+		b, _ := l.dial("b")
+		sendAcquire(t, b, "x", 10*time.Second)
+		mustRead(t, b, TypeWaiting)
+
+		h.Close() // h's end grants a and waits for a.wmu to push
+		// No synctest.Wait: a goroutine waiting on a mutex is not durably
+		// blocked. Spin (no fake time passes) until a is promoted.
+		for i := 0; ; i++ {
+			if li, _ := srv.Lock("x"); li.Holder != nil && li.Holder.RemoteAddr == "a" {
+				break
+			}
+			if i > 1e6 {
+				t.Fatal("a was not promoted")
+			}
+			runtime.Gosched()
+		}
+		type result struct {
+			info SessionInfo
+			err  error
+			mark int
+		}
+		forced := make(chan result, 1)
+		go func() { // it pushes to b, which the test reads meanwhile
+			info, err := srv.ForceRelease("x", 0)
+			forced <- result{info, err, len(l.log.snapshot())}
+		}()
+		tB := mustRead(t, b, TypeAcquired).Token
+		var r result
+		select {
+		case r = <-forced:
+		case <-time.After(time.Minute):
+			t.Fatal("ForceRelease did not return")
+		}
+		if r.err != nil || r.info.RemoteAddr != "a" {
+			t.Fatalf("ForceRelease: %+v %v", r.info, r.err)
+		}
+		mark := r.mark
+		// a's goroutine is paused once on its way from join to end (as
+		// preemption may pause it), so the waiting push gets a.wmu first.
+		var once sync.Once
+		as.onSetRD = func() { once.Do(func() { time.Sleep(time.Millisecond) }) }
+
+		noAcquiredAfterForce(t, readRest(a), l.log.snapshot()[mark:], tB)
+	})
+}
+
+// Shutdown given a context must return when the context ends. A session
+// whose final ERROR 0x01 cannot be written (a client that does not read)
+// has already left srv.sessions, so Close does not close it, and Shutdown
+// waits for that write's own io-timeout.
+func TestInterleavingShutdownIgnoresContext(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		srv := &Server{IOTimeout: 5 * time.Second}
+		l := newStepListener()
+		go srv.Serve(l)
+
+		a, _ := l.dial("a")
+		sendAcquire(t, a, "x", time.Minute)
+		mustRead(t, a, TypeAcquired)
+		// a reads nothing from now on.
+
+		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+		defer cancel()
+		start := time.Now()
+		err := srv.Shutdown(ctx)
+		took := time.Since(start)
+		t.Logf("Shutdown returned %v after %v (ctx ended after 100ms, io-timeout 5s)", err, took)
+		if took > time.Second {
+			t.Errorf("Shutdown returned %v after its context ended", took-100*time.Millisecond)
+		}
+		a.Close()
+	})
+}
+
+// Shutdown must finish within one io-timeout whatever the clients do. A
+// client that takes its heartbeat reply just before the write's deadline,
+// then stops reading, gets its ERROR 0x01 written with a fresh deadline
+// after the session left srv.sessions, out of Close's reach.
+func TestInterleavingShutdownExceedsIOTimeout(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const io = 2 * time.Second
+		srv := &Server{IOTimeout: io}
+		l := newStepListener()
+		go srv.Serve(l)
+
+		a, _ := l.dial("a")
+		sendAcquire(t, a, "x", time.Minute)
+		mustRead(t, a, TypeAcquired)
+		a.Write([]byte{TypeHeartbeat}) // the reply blocks: a does not read
+		time.Sleep(io / 2)
+
+		done := make(chan time.Duration, 1)
+		go func() {
+			start := time.Now()
+			srv.Shutdown(context.Background())
+			done <- time.Since(start)
+		}()
+		time.Sleep(io/2 - 100*time.Millisecond)
+		mustRead(t, a, TypeAcquired) // just in time; then a reads no more
+		select {
+		case took := <-done:
+			t.Logf("Shutdown took %v, io-timeout %v", took, io)
+			if took > io+100*time.Millisecond {
+				t.Errorf("Shutdown took %v, more than one io-timeout (%v)", took, io)
+			}
+		case <-time.After(time.Minute):
+			t.Fatal("Shutdown did not return within a (fake) minute")
+		}
+		a.Close()
+	})
+}
+
+// A waiter promoted while it does not read: the push's write takes longer
+// than the io-timeout, so the server drops it. Its release should say
+// io_timeout ("a frame or a write took longer than the io-timeout").
+func TestInterleavingPushTimeoutReleaseReason(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var evMu sync.Mutex
+		var events []Event
+		srv := &Server{IOTimeout: 2 * time.Second, OnEvent: func(ev Event) {
+			evMu.Lock()
+			events = append(events, ev)
+			evMu.Unlock()
+		}}
+		l := newStepListener()
+		go srv.Serve(l)
+
+		h, _ := l.dial("h")
+		sendAcquire(t, h, "x", time.Minute)
+		mustRead(t, h, TypeAcquired)
+		a, _ := l.dial("a")
+		sendAcquire(t, a, "x", time.Minute)
+		mustRead(t, a, TypeWaiting)
+		// a reads no more.
+		h.Close()
+		time.Sleep(10 * time.Second)
+		synctest.Wait()
+		st := srv.Stats()
+		evMu.Lock()
+		defer evMu.Unlock()
+		for _, ev := range events {
+			if ev.Type == EventReleased && ev.RemoteAddr == "a" {
+				t.Logf("a's release: reason %q; Stats.Releases %v", ev.Reason, st.Releases)
+				if ev.Reason != ReasonIOTimeout {
+					t.Errorf("a's push write timed out, yet its release reason is %q", ev.Reason)
+				}
+				srv.Shutdown(context.Background())
+				a.Close()
+				io.Copy(io.Discard, a)
+				return
+			}
+		}
+		t.Errorf("a was never released: %+v", events)
+		srv.Close()
+	})
+}
+
+// A waiter whose WAITING could not be written (it does not read) is
+// promoted before its goroutine leaves the table. The push must not be
+// written: after a failed write the stream may end mid-frame, and the
+// session is on its way out (rule 5).
+func TestInterleavingNoPushAfterAFailedWrite(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		srv := &Server{IOTimeout: time.Second}
+		l := newStepListener()
+		go srv.Serve(l)
+		defer srv.Close()
+
+		h, _ := l.dial("h")
+		sendAcquire(t, h, "x", time.Minute)
+		mustRead(t, h, TypeAcquired)
+		a, as := l.dial("a")
+		failedAt := -1
+		var once sync.Once
+		as.onWrite = func(b []byte, err error) {
+			if err == nil {
+				return
+			}
+			once.Do(func() { // a's WAITING timed out; a is still in the queue
+				h.Close()
+				for i := 0; ; i++ { // until h's goroutine has promoted a
+					if li, _ := srv.Lock("x"); li.Holder != nil && li.Holder.RemoteAddr == "a" {
+						break
+					}
+					if i > 1e6 {
+						panic("a was not promoted")
+					}
+					runtime.Gosched()
+				}
+				for range 1000 { // and is waiting to push, for the wmu this write holds
+					runtime.Gosched()
+				}
+				failedAt = len(l.log.snapshot())
+			})
+		}
+		sendAcquire(t, a, "x", time.Minute) // a reads nothing until its WAITING has timed out
+		time.Sleep(2 * time.Second)
+		go io.Copy(io.Discard, a)
+		synctest.Wait()
+		if failedAt < 0 {
+			t.Fatal("a's WAITING never failed")
+		}
+		for _, line := range l.log.snapshot()[failedAt:] {
+			if strings.HasPrefix(line, "write a:") {
+				t.Errorf("written to a after its write failed: %s", line)
+			}
+		}
+		a.Close()
+	})
+}
+
+// The lock table checked against a reference model: random sequences of
+// operations are played on the real server and on a map of FIFO slices,
+// and after every step the two must agree on who holds each lock, the
+// order of every queue, and the tokens the clients were given. A failing
+// sequence is shrunk to a minimal one before it is reported.
+
+// refModel is the reference: per lock, its sessions in order, holder first.
+type refModel map[string][]int
+
+func (m refModel) join(lock string, c int) (holder bool) {
+	m[lock] = append(m[lock], c)
+	return len(m[lock]) == 1
+}
+
+// leave removes c and returns whoever it promoted, or -1.
+func (m refModel) leave(c int) (promoted int) {
+	for lock, q := range m {
+		if i := slices.Index(q, c); i >= 0 {
+			m[lock] = slices.Delete(q, i, i+1)
+			if len(m[lock]) == 0 {
+				delete(m, lock)
+			} else if i == 0 {
+				return m[lock][0]
+			}
+		}
+	}
+	return -1
+}
+
+func (m refModel) lockOf(c int) string {
+	for lock, q := range m {
+		if slices.Contains(q, c) {
+			return lock
+		}
+	}
+	return ""
+}
+
+type opKind int
+
+const (
+	opAcquire opKind = iota
+	opHeartbeat
+	opClose
+	opExpire // acquire with a short lease and stay silent until dropped
+	opProtocolError
+	opForceRelease
+	opKick
+)
+
+type op struct {
+	kind   opKind
+	client int
+	lock   string
+}
+
+func (o op) String() string {
+	name := [...]string{"acquire", "heartbeat", "close", "acquire-and-go-silent", "protocol-error", "force-release", "kick"}[o.kind]
+	if o.kind == opForceRelease {
+		return fmt.Sprintf("%s(%s)", name, o.lock)
+	}
+	return fmt.Sprintf("%s(c%d, %s)", name, o.client, o.lock)
+}
+
+const modelClients = 5
+
+func randomOps(r *rand.Rand, n int) []op {
+	ops := make([]op, n)
+	for i := range ops {
+		ops[i] = op{kind: opKind(r.IntN(7)), client: r.IntN(modelClients), lock: []string{"a", "b"}[r.IntN(2)]}
+		if ops[i].kind == opExpire && r.IntN(8) != 0 {
+			ops[i].kind = opAcquire // expiries cost a lease of real time: keep them rare
+		}
+	}
+	return ops
+}
+
+// playOps plays ops on srv and on the model and returns the first
+// disagreement. Ops that make no sense in the current state (a heartbeat
+// from a client with no connection) are skipped, on both sides alike.
+func playOps(srv *Server, addr, prefix string, ops []op) (err error) {
+	const short = 10 * time.Millisecond
+	model := refModel{}
+	conns := map[int]*raw{}
+	ft := &failT{}
+	defer func() {
+		for _, c := range conns {
+			c.Close()
+		}
+		if r := recover(); r != nil {
+			if r != ft {
+				panic(r)
+			}
+			err = ft.err
+		}
+	}()
+	var lastToken uint64
+	tokens := map[int]uint64{}
+	expectGrant := func(c int) {
+		token := conns[c].expectAcquired()
+		if token <= lastToken {
+			ft.Fatalf("c%d granted token %d after %d", c, token, lastToken)
+		}
+		lastToken, tokens[c] = token, token
+	}
+	leave := func(c int) {
+		conns[c].Close()
+		delete(conns, c)
+		if next := model.leave(c); next >= 0 {
+			expectGrant(next)
+		}
+	}
+	for step, o := range ops {
+		lock := prefix + o.lock
+		c, connected := conns[o.client]
+		switch o.kind {
+		case opAcquire, opExpire:
+			if connected {
+				continue
+			}
+			conn, err := net.DialTimeout("tcp", addr, wait)
+			if err != nil {
+				return err
+			}
+			c = &raw{t: ft, Conn: conn, patience: time.Second}
+			conns[o.client] = c
+			lease := time.Minute
+			if o.kind == opExpire {
+				lease = short
+			}
+			c.send(acquire(lock, lease))
+			if model.join(lock, o.client) {
+				expectGrant(o.client)
+			} else {
+				c.expectWaiting()
+			}
+			if o.kind == opExpire {
+				c.expectClosed(time.Second) // dropped, silent for longer than its lease
+				delete(conns, o.client)
+				if next := model.leave(o.client); next >= 0 {
+					expectGrant(next)
+				}
+			}
+		case opHeartbeat:
+			if !connected {
+				continue
+			}
+			c.send(heartbeat)
+			if q := model[model.lockOf(o.client)]; q[0] == o.client {
+				c.expect(Frame{Type: TypeAcquired, Token: tokens[o.client]})
+			} else {
+				c.expectWaiting()
+			}
+		case opClose:
+			if !connected {
+				continue
+			}
+			leave(o.client)
+		case opProtocolError:
+			if !connected {
+				continue
+			}
+			c.sendBytes([]byte{0x7f})
+			c.expectError(CodeUnknownType)
+			leave(o.client)
+		case opForceRelease:
+			q := model[lock]
+			if len(q) == 0 {
+				if _, err := srv.ForceRelease(lock, 0); err == nil {
+					ft.Fatalf("step %d: force-released %s, which the model says is idle", step, lock)
+				}
+				continue
+			}
+			if _, err := srv.ForceRelease(lock, 0); err != nil {
+				ft.Fatalf("step %d: %v", step, err)
+			}
+			conns[q[0]].expectError(CodeClosedByAdmin)
+			leave(q[0])
+		case opKick:
+			if !connected || model[lock] == nil || model[lock][0] == o.client || !slices.Contains(model[lock], o.client) {
+				continue
+			}
+			if _, err := srv.KickWaiter(lock, c.LocalAddr().String()); err != nil {
+				ft.Fatalf("step %d: %v", step, err)
+			}
+			c.expectError(CodeClosedByAdmin)
+			leave(o.client)
+		}
+		if err := agree(srv, model, conns, tokens, prefix); err != nil {
+			return fmt.Errorf("after step %d (%v): %w", step, o, err)
+		}
+	}
+	return nil
+}
+
+// agree waits until the server's table matches the model: the server
+// applies a close or a kick on its own goroutines, a moment later.
+func agree(srv *Server, model refModel, conns map[int]*raw, tokens map[int]uint64, prefix string) error {
+	want := map[string][]string{}
+	for lock, q := range model {
+		for i, c := range q {
+			session := conns[c].LocalAddr().String()
+			if i == 0 {
+				session += fmt.Sprintf("#%d", tokens[c])
+			}
+			want[lock] = append(want[lock], session)
+		}
+	}
+	var got map[string][]string
+	for deadline := time.Now().Add(time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Microsecond) {
+		got = map[string][]string{}
+		for _, l := range srv.Locks() {
+			if !strings.HasPrefix(l.Name, prefix) {
+				continue
+			}
+			if l.Holder != nil {
+				got[l.Name] = append(got[l.Name], fmt.Sprintf("%s#%d", l.Holder.RemoteAddr, l.Holder.Token))
+			}
+			for _, w := range l.Waiters {
+				got[l.Name] = append(got[l.Name], w.RemoteAddr)
+			}
+		}
+		if fmt.Sprint(got) == fmt.Sprint(want) {
+			return nil
+		}
+	}
+	return fmt.Errorf("server has %v, the model %v", got, want)
+}
+
+// failT turns the raw client's fatal checks into a recoverable error.
+type failT struct {
+	testing.TB
+	err error
+}
+
+func (f *failT) Helper() {}
+func (f *failT) Fatalf(format string, args ...any) {
+	f.err = fmt.Errorf(format, args...)
+	panic(f)
+}
+func (f *failT) Fatal(args ...any) { f.Fatalf("%s", fmt.Sprint(args...)) }
+func (f *failT) Errorf(format string, args ...any) {
+	f.Fatalf(format, args...)
+}
+
+// shrink removes operations one at a time for as long as the sequence
+// still fails, and returns the shortest failing sequence it found.
+func shrink(fails func([]op) bool, ops []op) []op {
+	for changed := true; changed; {
+		changed = false
+		for i := 0; i < len(ops); i++ {
+			candidate := slices.Delete(slices.Clone(ops), i, i+1)
+			if fails(candidate) {
+				ops, changed = candidate, true
+				i--
+			}
+		}
+	}
+	return ops
+}
+
+func TestLockTableAgainstModel(t *testing.T) {
+	sequences, length := 1000, 25
+	if testing.Short() {
+		sequences = 200
+	}
+	srv := &Server{}
+	addr := startServer(t, srv)
+	r := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 7))
+	run := 0
+	fails := func(ops []op) bool {
+		run++
+		return playOps(srv, addr, fmt.Sprintf("m%d-", run), ops) != nil
+	}
+	for range sequences {
+		ops := randomOps(r, length)
+		run++
+		if err := playOps(srv, addr, fmt.Sprintf("m%d-", run), ops); err != nil {
+			minimal := shrink(fails, ops)
+			run++
+			err := playOps(srv, addr, fmt.Sprintf("m%d-", run), minimal)
+			t.Fatalf("the server disagrees with the model: %v\nminimal sequence (%d of %d steps): %v", err, len(minimal), len(ops), minimal)
+		}
+	}
+}
+
+func TestModelShrinksToTheCause(t *testing.T) {
+	// A made-up failure: any sequence with a kick after a force-release.
+	fails := func(ops []op) bool {
+		forced := false
+		for _, o := range ops {
+			forced = forced || o.kind == opForceRelease
+			if forced && o.kind == opKick {
+				return true
+			}
+		}
+		return false
+	}
+	ops := randomOps(rand.New(rand.NewPCG(1, 2)), 40)
+	ops = append(ops, op{kind: opForceRelease, lock: "a"}, op{kind: opKick, client: 1, lock: "a"})
+	if got := shrink(fails, ops); len(got) != 2 {
+		t.Fatalf("shrunk to %v, want the two steps that matter", got)
 	}
 }

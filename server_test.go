@@ -8,55 +8,17 @@ import (
 	"crypto/x509/pkix"
 	"errors"
 	"io"
+	"log/slog"
 	"net"
 	"net/url"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 	"unicode/utf8"
 )
-
-func TestGrantWaitAndPushPromotion(t *testing.T) {
-	addr := startServer(t, &Server{})
-	holder, waiter, token := holderAndWaiter(t, addr, "nightly-import")
-
-	// Heartbeats are answered with the session's state and its own token.
-	holder.send(heartbeat)
-	holder.expect(Frame{Type: TypeAcquired, Token: token})
-	waiter.send(heartbeat)
-	waiter.expectWaiting()
-
-	// Closing the holder pushes ACQUIRED to the waiter without any heartbeat.
-	holder.Close()
-	next := waiter.expectAcquired()
-	if next <= token {
-		t.Fatalf("promotion token %d not above %d", next, token)
-	}
-	waiter.send(heartbeat)
-	waiter.expect(Frame{Type: TypeAcquired, Token: next})
-	waiter.expectSilence(100 * time.Millisecond) // exactly one push
-}
-
-func TestFIFOOrderAndLeavingFromTheMiddle(t *testing.T) {
-	addr := startServer(t, &Server{})
-	holder, waiters, _ := queue(t, addr, "q", 5)
-	waiters[2].Close() // leaves from the middle
-	order := []int{0, 1, 3, 4}
-	prev := holder
-	for _, i := range order {
-		prev.Close()
-		waiters[i].expectAcquired()
-		for _, j := range order {
-			if j > i {
-				waiters[j].send(heartbeat)
-				waiters[j].expectWaiting()
-			}
-		}
-		prev = waiters[i]
-	}
-}
 
 func TestNamesAreRawBytes(t *testing.T) {
 	addr := startServer(t, &Server{})
@@ -80,57 +42,6 @@ func TestIdleLocksLeaveNothingBehind(t *testing.T) {
 		defer srv.mu.Unlock()
 		return len(srv.locks) == 0 && len(srv.sessions) == 0
 	})
-}
-
-func TestExpiryOfSilentHolderAndWaiter(t *testing.T) {
-	srv := &Server{}
-	addr := startServer(t, srv)
-	const lease = 300 * time.Millisecond
-	holder := dialRaw(t, addr)
-	sent := time.Now()
-	holder.send(acquire("e", lease))
-	holder.expectAcquired()
-	waiter := dialRaw(t, addr) // heartbeats, so it outlives the holder
-	waiter.send(acquire("e", time.Minute))
-	waiter.expectWaiting()
-	silent := dialRaw(t, addr) // a silent waiter behind it
-	silentSent := time.Now()
-	silent.send(acquire("e", lease))
-	silent.expectWaiting()
-
-	waiter.expectAcquired() // pushed when the silent holder expires
-	if held := time.Since(sent); held < lease {
-		t.Fatalf("holder dropped after %v, before its lease of %v", held, lease)
-	}
-	holder.expectClosed(wait) // no ERROR is owed
-	silent.expectClosed(wait)
-	if d := time.Since(silentSent); d < lease {
-		t.Fatalf("waiter dropped after %v, before its lease of %v", d, lease)
-	}
-	waitFor(t, "the expired waiter to leave the queue", func() bool {
-		srv.mu.Lock()
-		defer srv.mu.Unlock()
-		return srv.locks["e"].waiters.Len() == 0
-	})
-}
-
-func TestHeartbeatsKeepAShortLeaseAlive(t *testing.T) {
-	addr := startServer(t, &Server{})
-	const lease = 200 * time.Millisecond
-	holder := dialRaw(t, addr)
-	holder.send(acquire("hb", lease))
-	token := holder.expectAcquired()
-	waiter := dialRaw(t, addr)
-	waiter.send(acquire("hb", time.Minute))
-	waiter.expectWaiting()
-	for end := time.Now().Add(10 * lease); time.Now().Before(end); {
-		time.Sleep(lease / 8)
-		holder.send(heartbeat)
-		holder.expect(Frame{Type: TypeAcquired, Token: token})
-	}
-	waiter.expectSilence(0) // still waiting: the holder never expired
-	holder.Close()
-	waiter.expectAcquired()
 }
 
 func TestErrorCodes(t *testing.T) {
@@ -284,117 +195,6 @@ func TestIOTimeout(t *testing.T) {
 	})
 }
 
-// A holder that never reads fills its buffers; the server's writes to it
-// block, and nobody else may notice.
-func TestClientThatNeverReadsDelaysNobody(t *testing.T) {
-	l := startServerWatched(t, &Server{IOTimeout: time.Minute})
-	stuckHolder(t, l, "stuck")
-	addr := l.Addr().String()
-
-	// The stuck session's goroutine is blocked writing. Others are served
-	// at once, on another lock and on its own.
-	start := time.Now()
-	other := dialRaw(t, addr)
-	other.send(acquire("other", time.Minute))
-	token := other.expectAcquired()
-	for range 10 {
-		other.send(heartbeat)
-		other.expect(Frame{Type: TypeAcquired, Token: token})
-	}
-	queued := dialRaw(t, addr)
-	queued.send(acquire("stuck", time.Minute))
-	queued.expectWaiting()
-	if d := time.Since(start); d > 5*time.Second {
-		t.Fatalf("other sessions took %v while one client did not read", d)
-	}
-}
-
-func TestShutdownSendsShuttingDownToEverySession(t *testing.T) {
-	srv := &Server{}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	served := make(chan error, 1)
-	go func() { served <- srv.Serve(l) }()
-	addr := l.Addr().String()
-	holder, waiter, _ := holderAndWaiter(t, addr, "s")
-	waiter2 := dialRaw(t, addr)
-	waiter2.send(acquire("s", time.Minute))
-	waiter2.expectWaiting()
-	fresh := dialRaw(t, addr) // connected, nothing sent yet
-	waitFor(t, "the server to accept the fresh connection", func() bool {
-		srv.mu.Lock()
-		defer srv.mu.Unlock()
-		return len(srv.sessions) == 4
-	})
-
-	if err := srv.Shutdown(bounded(t)); err != nil {
-		t.Fatalf("Shutdown did not finish within %v: %v", wait, err)
-	}
-	// No waiter is promoted during shutdown: everyone reads 0x01 first.
-	for _, c := range []*raw{holder, waiter, waiter2, fresh} {
-		c.expectError(CodeShuttingDown)
-	}
-	if err := await(t, served, "Serve's return after Shutdown"); !errors.Is(err, ErrServerClosed) {
-		t.Fatalf("Serve returned %v", err)
-	}
-	if _, err := net.DialTimeout("tcp", addr, wait); err == nil {
-		t.Fatal("still accepting after Shutdown")
-	}
-	if err := srv.Serve(l); !errors.Is(err, ErrServerClosed) {
-		t.Fatalf("Serve after Shutdown returned %v", err)
-	}
-}
-
-func TestTokensIncreaseAcrossRestart(t *testing.T) {
-	var last uint64
-	addr := ""
-	for range 3 {
-		srv := &Server{}
-		l, err := net.Listen("tcp", orDefault(addr, "127.0.0.1:0"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		addr = l.Addr().String()
-		go srv.Serve(l)
-		for _, name := range []string{"a", "b", "c"} {
-			c := dialRaw(t, addr)
-			c.send(acquire(name, time.Minute))
-			token := c.expectAcquired()
-			if token <= last {
-				t.Fatalf("token %d after %d", token, last)
-			}
-			last = token
-			c.Close()
-		}
-		if err := srv.Shutdown(bounded(t)); err != nil {
-			t.Fatalf("Shutdown did not finish within %v: %v", wait, err)
-		}
-	}
-}
-
-func orDefault(s, def string) string {
-	if s == "" {
-		return def
-	}
-	return s
-}
-
-func TestTokenSequence(t *testing.T) {
-	srv := &Server{}
-	srv.lastToken = 1 << 62 // far above the wall clock: the sequence goes on from here
-	a, b := srv.nextTokenLocked(time.Now()), srv.nextTokenLocked(time.Now())
-	if a != 1<<62+1 || b != a+1 {
-		t.Fatalf("tokens %d, %d after %d", a, b, uint64(1<<62))
-	}
-	srv.lastToken = 0
-	before := uint64(time.Now().UnixNano())
-	if got := srv.nextTokenLocked(time.Now()); got < before {
-		t.Fatalf("token %d below the wall clock %d", got, before)
-	}
-}
-
 // flakyListener fails Accept with EMFILE a number of times, counting calls.
 type flakyListener struct {
 	net.Listener
@@ -440,45 +240,6 @@ func TestAcceptErrorsBackOffAndRecover(t *testing.T) {
 	c := dialRaw(t, inner.Addr().String()) // served once the errors stop
 	c.send(acquire("after-emfile", time.Minute))
 	c.expectAcquired()
-}
-
-func TestShutdownDeadlineClosesStuckSessions(t *testing.T) {
-	srv := &Server{IOTimeout: time.Minute}
-	stuckHolder(t, startServerWatched(t, srv), "stuck")
-	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
-	defer cancel()
-	if err := srv.Shutdown(ctx); !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("Shutdown returned %v, want the context's deadline", err)
-	}
-	srv.mu.Lock()
-	defer srv.mu.Unlock()
-	if n := len(srv.sessions); n != 0 {
-		t.Fatalf("%d sessions left after a forced shutdown", n)
-	}
-}
-
-// stuckHolder makes a holder of name that floods heartbeats and never
-// reads, and returns once the server's write to it has been under way for
-// half a second: blocked, as it stays until the io-timeout, since the
-// client never reads.
-func stuckHolder(t *testing.T, l *watchedListener, name string) *raw {
-	t.Helper()
-	c := dialRaw(t, l.Addr().String())
-	c.Conn.(*net.TCPConn).SetReadBuffer(1024)
-	c.send(acquire(name, time.Minute))
-	go func() {
-		flood := bytes.Repeat([]byte{TypeHeartbeat}, 1<<16)
-		for {
-			if _, err := c.Conn.Write(flood); err != nil {
-				return // closed by dialRaw's cleanup
-			}
-		}
-	}()
-	client := c.LocalAddr().String()
-	waitFor(t, "a blocked write to a client that never reads", func() bool {
-		return l.blockedFor(client) > 500*time.Millisecond
-	})
-	return c
 }
 
 // FuzzServerSession feeds any client byte stream to a real server session
@@ -637,4 +398,236 @@ func TestTLSHandshakeIsBounded(t *testing.T) {
 		t.Fatalf("cut after %v, before the io-timeout", d)
 	}
 	waitFor(t, "the handshake failure to be counted", func() bool { return srv.Stats().TLSHandshakeErrors == 1 })
+}
+
+func TestForceReleaseAndKickWaiter(t *testing.T) {
+	var log eventLog
+	srv := &Server{OnEvent: log.add}
+	addr := startServer(t, srv)
+	holder, waiters, _ := queue(t, addr, "stuck", 4)
+	info, ok := srv.Lock("stuck")
+	if !ok || info.Holder == nil || len(info.Waiters) != 4 || info.Holder.RemoteAddr != holder.LocalAddr().String() {
+		t.Fatalf("snapshot %+v", info)
+	}
+	for i, w := range info.Waiters {
+		if w.RemoteAddr != waiters[i].LocalAddr().String() || w.Lease != time.Minute {
+			t.Fatalf("waiter %d in the snapshot is %+v", i, w)
+		}
+	}
+
+	// Kick the second waiter: it alone goes, with 0x02.
+	if _, err := srv.KickWaiter("stuck", waiters[1].LocalAddr().String()); err != nil {
+		t.Fatal(err)
+	}
+	waiters[1].expectError(CodeClosedByAdmin)
+	if _, err := srv.KickWaiter("stuck", "127.0.0.1:1"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("kick of an unknown waiter: %v", err)
+	}
+
+	// Force-release the holder: 0x02 to it, the lock to the first waiter.
+	got, err := srv.ForceRelease("stuck", 0)
+	if err != nil || got.Token == 0 {
+		t.Fatalf("ForceRelease = %+v, %v", got, err)
+	}
+	holder.expectError(CodeClosedByAdmin)
+	waiters[0].expectAcquired()
+	waiters[2].send(heartbeat)
+	waiters[2].expectWaiting()
+	waitFor(t, "the queue to shrink", func() bool {
+		info, _ := srv.Lock("stuck")
+		return len(info.Waiters) == 2
+	})
+	info, _ = srv.Lock("stuck")
+	if info.Waiters[0].RemoteAddr != waiters[2].LocalAddr().String() || info.Waiters[1].RemoteAddr != waiters[3].LocalAddr().String() {
+		t.Fatalf("queue after the kicks: %+v", info.Waiters)
+	}
+	if _, err := srv.ForceRelease("idle", 0); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("ForceRelease of an idle lock: %v", err)
+	}
+
+	want := []string{"granted stuck", "kick_waiter stuck", "force_release stuck", "released stuck", "granted stuck"}
+	waitFor(t, "the events", func() bool { return len(log.types()) == len(want) })
+	for i, got := range log.types() {
+		if got != want[i] {
+			t.Fatalf("events %q, want %q", log.types(), want)
+		}
+	}
+	log.mu.Lock()
+	released := log.events[3]
+	log.mu.Unlock()
+	if released.Reason != ReasonForce || released.Token != got.Token || released.RemoteAddr != holder.LocalAddr().String() {
+		t.Fatalf("release %+v", released)
+	}
+}
+
+// ForceRelease with a token ends only the holder of that grant: a holder
+// promoted a moment ago is not ended by a request meant for its
+// predecessor.
+func TestForceReleaseByToken(t *testing.T) {
+	srv := &Server{}
+	addr := startServer(t, srv)
+	holder, waiter, old := holderAndWaiter(t, addr, "by-token")
+	holder.Close()
+	token := waiter.expectAcquired()
+	if _, err := srv.ForceRelease("by-token", old); !errors.Is(err, ErrStaleToken) {
+		t.Fatalf("ForceRelease with the old holder's token = %v, want ErrStaleToken", err)
+	}
+	waiter.send(heartbeat)
+	waiter.expect(Frame{Type: TypeAcquired, Token: token}) // still the holder
+	info, err := srv.ForceRelease("by-token", token)
+	if err != nil || info.Token != token || info.RemoteAddr != waiter.LocalAddr().String() {
+		t.Fatalf("ForceRelease with the holder's token = %+v, %v", info, err)
+	}
+	waiter.expectError(CodeClosedByAdmin)
+	if _, err := srv.ForceRelease("by-token", 0); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("ForceRelease of a free lock = %v, want ErrNotFound", err)
+	}
+}
+
+func TestStatsCountWhatHappened(t *testing.T) {
+	srv := &Server{}
+	addr := startServer(t, srv)
+	a := dialRaw(t, addr)
+	a.send(acquire("a", time.Minute))
+	a.expectAcquired()
+	b := dialRaw(t, addr)
+	b.send(acquire("a", time.Minute))
+	b.expectWaiting()
+	short := dialRaw(t, addr)
+	short.send(acquire("short", 100*time.Millisecond))
+	short.expectAcquired()
+	for range 3 {
+		a.send(heartbeat)
+		a.expectAcquired()
+	}
+	bad := dialRaw(t, addr)
+	bad.sendBytes([]byte{0x7f})
+	bad.expectError(CodeUnknownType)
+	short.expectClosed(wait) // expired
+	a.Close()                // graceful; b is promoted
+	b.expectAcquired()
+	waitFor(t, "the counters", func() bool {
+		st := srv.Stats()
+		return st.Releases[ReasonGraceful] == 1 && st.Connections == 1
+	})
+	st := srv.Stats()
+	if st.ConnectionsAccepted != 4 || st.Acquires != 3 || st.Grants != 3 || st.Heartbeats != 3 ||
+		st.LocksHeld != 1 || st.Waiters != 0 || st.Releases[ReasonExpired] != 1 ||
+		st.Errors[CodeUnknownType] != 1 || len(st.Errors) != 1 || st.WaitTotal <= 0 || st.HoldTotal <= 0 {
+		t.Fatalf("stats %+v", st)
+	}
+}
+
+// An OnEvent that never returns costs bounded memory and counted events,
+// and Shutdown still returns when its context ends.
+func TestStalledOnEventIsBounded(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		release := make(chan struct{})
+		defer close(release)
+		srv := &Server{OnEvent: func(Event) { <-release }}
+		defer srv.Close() // on a failure, lets the bubble's goroutines end
+		l := newPipeListener()
+		go srv.Serve(l)
+		b, _ := acquire("cycle", time.Minute).AppendBinary(nil)
+		for i := range maxQueuedEvents/2 + 100 { // two events a cycle
+			c := l.dial("cycler")
+			if _, err := c.Write(b); err != nil {
+				t.Fatalf("cycle %d: %v", i, err)
+			}
+			var reply [9]byte
+			if _, err := io.ReadFull(c, reply[:]); err != nil || reply[0] != TypeAcquired {
+				t.Fatalf("cycle %d: % x, %v", i, reply, err)
+			}
+			c.Close()
+			synctest.Wait() // the session has ended and queued its release
+		}
+		srv.mu.Lock()
+		queued := len(srv.events)
+		srv.mu.Unlock()
+		if st := srv.Stats(); queued > maxQueuedEvents || st.EventsDropped == 0 {
+			t.Fatalf("%d events queued, %d dropped: want at most %d queued, the rest counted", queued, st.EventsDropped, maxQueuedEvents)
+		}
+		returned := make(chan error, 1)
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			defer cancel()
+			returned <- srv.Shutdown(ctx)
+		}()
+		select {
+		case err := <-returned:
+			if !errors.Is(err, context.DeadlineExceeded) {
+				t.Errorf("Shutdown = %v, want the context's deadline", err)
+			}
+		case <-time.After(time.Minute):
+			t.Errorf("Shutdown did not return a minute after its context ended")
+		}
+	})
+}
+
+// syncBuffer is a log sink that the server's goroutines may share.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
+}
+
+// A refused ACQUIRE and a failed TLS handshake are what a new user needs to
+// see at info level, with who and from where; a flood of them writes one
+// line a second, with the count of those left out.
+func TestDenialsAndFailedHandshakesAreLogged(t *testing.T) {
+	var logs syncBuffer
+	srv := &Server{
+		Logger:    slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo})),
+		Authorize: func(identity, lock string) bool { return false },
+	}
+	inner, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := serveOn(t, srv, tls.NewListener(inner, &tls.Config{Certificates: []tls.Certificate{selfSigned(t)}}))
+
+	for i := range 20 {
+		raw, err := net.DialTimeout("tcp", addr, wait)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := tls.Client(raw, &tls.Config{InsecureSkipVerify: true})
+		c.SetDeadline(time.Now().Add(wait))
+		b, _ := acquire("secret", time.Minute).AppendBinary(nil)
+		if _, err := c.Write(b); err != nil {
+			t.Fatal(err)
+		}
+		f, err := ReadFrame(c)
+		if err != nil || f.Type != TypeError || f.Code != CodeNotAuthorized {
+			t.Fatalf("denial %d: got %+v, %v", i, f, err)
+		}
+		c.Close()
+
+		plain := dialRaw(t, addr) // a client that speaks the protocol without TLS
+		plain.send(acquire("secret", time.Minute))
+		plain.expectClosed(wait)
+	}
+	waitFor(t, "a log line for the failed handshakes", func() bool {
+		return strings.Contains(logs.String(), "TLS handshake failed")
+	})
+	out := logs.String()
+	for _, want := range []string{"level=INFO", `msg="ACQUIRE not authorized"`, "lock=secret", "remote=127.0.0.1:", `msg="TLS handshake failed"`} {
+		if !strings.Contains(out, want) {
+			t.Errorf("the log lacks %q:\n%s", want, out)
+		}
+	}
+	if n := strings.Count(out, "\n"); n > 6 {
+		t.Errorf("%d lines for 20 denials and 20 failed handshakes in well under 3 s: want one a second of each kind\n%s", n, out)
+	}
 }

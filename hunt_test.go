@@ -1,0 +1,1291 @@
+package monolock
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"os"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+)
+
+// The race hunt drives a real Server through in-memory connections under
+// fake time (testing/synctest), so that leases, io-timeouts and silences
+// cost nothing, and every run of a seed is the same interleaving of
+// goroutines up to the scheduler's choices. Each seed plays a random mix of
+// clients (valid and invalid frames, heartbeats, silences past the lease,
+// closes, half-sent frames) against kicks, force-releases and a shutdown at
+// a random moment, then checks every byte stream against the protocol's
+// grammar and the event stream against the table's rules; every grant
+// against the state of its session at that moment (not past its lease, not
+// ending on its own); and, through a log of the server's writes, that
+// nothing but the final ERROR began on a connection after an administrator's
+// call that ended its session returned.
+
+var (
+	huntSeeds = flag.Int("seeds", 300, "how many seeds TestRaceHunt plays")
+	huntSeed  = flag.Int("seed", -1, "the one seed TestRaceHunt plays, when not -1")
+)
+
+func TestRaceHunt(t *testing.T) {
+	seeds := *huntSeeds
+	if testing.Short() {
+		seeds = min(seeds, 50)
+	}
+	first := 0
+	if *huntSeed >= 0 {
+		first, seeds = *huntSeed, 1
+	}
+	for seed := first; seed < first+seeds; seed++ {
+		cfg := huntConfig{seed: uint64(seed), clients: 8, steps: 8, chaos: 6}
+		if err := cfg.play(t); err != nil {
+			t.Errorf("seed %d: %v", seed, err)
+			small := cfg.shrink(t)
+			t.Fatalf("shrunk reproduction: %+v: %v\n(again: go test -run 'TestRaceHunt$' -seed %d)", small, small.play(t), seed)
+		}
+	}
+}
+
+type huntConfig struct {
+	seed                  uint64
+	clients, steps, chaos int
+}
+
+// shrink looks for a smaller configuration of the same seed that still fails.
+func (c huntConfig) shrink(t *testing.T) huntConfig {
+	for again := true; again; {
+		again = false
+		for _, smaller := range []huntConfig{
+			{c.seed, c.clients - 1, c.steps, c.chaos},
+			{c.seed, c.clients, c.steps - 1, c.chaos},
+			{c.seed, c.clients, c.steps, c.chaos - 1},
+		} {
+			if smaller.clients > 0 && smaller.steps > 0 && smaller.chaos >= 0 && smaller.play(t) != nil {
+				c, again = smaller, true
+				break
+			}
+		}
+	}
+	return c
+}
+
+// huntClient is what one client did and saw.
+type huntClient struct {
+	name     string // its remote address, as the server sees it
+	valid    int    // complete, valid requests the server read
+	selfEnd  bool   // it closed the connection itself
+	received []byte
+
+	seen []time.Time // when the server read each valid request: a write to a pipe returns at the (fake) instant of its read
+}
+
+// play runs the configuration in a bubble of its own. It reports through
+// its result rather than t, so that a failure can be shrunk.
+func (c huntConfig) play(t *testing.T) (err error) {
+	synctest.Test(t, func(*testing.T) { err = c.bubble() })
+	return err
+}
+
+func (c huntConfig) bubble() error {
+	const lease = time.Second
+	rng := rand.New(rand.NewPCG(c.seed, 0x6d6f6e6f))
+	var evMu sync.Mutex
+	var events []Event
+	srv := &Server{IOTimeout: 2 * time.Second, OnEvent: func(ev Event) {
+		evMu.Lock()
+		events = append(events, ev)
+		evMu.Unlock()
+	}}
+	l := newProbeNet(nil)
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(l) }()
+	start := time.Now()
+
+	clients := make([]*huntClient, c.clients)
+	var wg sync.WaitGroup
+	for i := range clients {
+		hc := &huntClient{name: fmt.Sprintf("c%d", i)}
+		clients[i] = hc
+		script := rand.New(rand.NewPCG(rng.Uint64(), uint64(i)))
+		conn, pc := l.pair(hc.name)
+		l.accept(pc)
+		wg.Add(2)
+		go func() { defer wg.Done(); hc.readAll(conn) }()
+		go func() { defer wg.Done(); hc.play(conn, script, c.steps, lease) }()
+	}
+
+	var forced []huntForce
+	var stops []huntStop
+	chaos := rand.New(rand.NewPCG(rng.Uint64(), 99))
+	shutdownAt := tick(chaos, 6*lease)
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		start := time.Now()
+		for range c.chaos {
+			time.Sleep(tick(chaos, lease))
+			if time.Since(start) > shutdownAt {
+				break
+			}
+			locks := srv.Locks()
+			if len(locks) == 0 {
+				continue
+			}
+			li := locks[chaos.IntN(len(locks))]
+			switch {
+			case chaos.IntN(2) == 0 && len(li.Waiters) > 0:
+				if info, err := srv.KickWaiter(li.Name, li.Waiters[chaos.IntN(len(li.Waiters))].RemoteAddr); err == nil {
+					stops = append(stops, huntStop{info.RemoteAddr, "KickWaiter", l.log.mark("KickWaiter returned")})
+				}
+			case li.Holder != nil:
+				token := li.Holder.Token
+				if chaos.IntN(3) == 0 {
+					token = 0
+				}
+				if info, err := srv.ForceRelease(li.Name, token); err == nil {
+					stops = append(stops, huntStop{info.RemoteAddr, "ForceRelease", l.log.mark("ForceRelease returned")})
+					forced = append(forced, huntForce{info.RemoteAddr, info.Token})
+				}
+			}
+		}
+		time.Sleep(max(0, shutdownAt-time.Since(start)))
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if err := srv.Shutdown(ctx); err != nil {
+			panic(fmt.Sprintf("shutdown: %v", err)) // a fake minute: it hangs
+		}
+	}()
+	wg.Wait()
+	if err := <-served; err != ErrServerClosed {
+		return fmt.Errorf("Serve returned %v", err)
+	}
+	for _, hc := range clients {
+		if err := hc.check(); err != nil {
+			return fmt.Errorf("client %s: %w (received % x)", hc.name, err, hc.received)
+		}
+	}
+	for _, st := range stops {
+		// Its final ERROR is 0x02, or the code of the end it was already on.
+		if late := writesAfterStop(&l.log, st.mark, st.remote, 0); len(late) > 0 {
+			return fmt.Errorf("client %s: written to after %s returned: %v; it received %s", st.remote, st.call, late, byName(clients, st.remote).frames())
+		}
+	}
+	evMu.Lock()
+	defer evMu.Unlock()
+	if err := checkGrants(events, clients, lease, start); err != nil {
+		return err
+	}
+	return checkEvents(events, forced)
+}
+
+func byName(clients []*huntClient, name string) *huntClient {
+	for _, hc := range clients {
+		if hc.name == name {
+			return hc
+		}
+	}
+	return &huntClient{name: name}
+}
+
+// huntStop is an administrator's call that ended remote's session; mark is
+// the server log's entry made when it returned.
+type huntStop struct {
+	remote, call string
+	mark         int
+}
+
+// checkGrants holds every grant to the state of its session at that
+// moment: a session whose lease had passed (by the deadline the server
+// itself set, lastSeen + lease) must not be granted the lock. (A session
+// ending on its own is out of the table from the moment the server
+// decides its bad byte, which is not observable here, only through the
+// stream's grammar: TestPromotionSkipsEndingWaiter holds that moment.)
+func checkGrants(events []Event, clients []*huntClient, lease time.Duration, start time.Time) error {
+	for i, ev := range events {
+		if ev.Type != EventGranted {
+			continue
+		}
+		hc := byName(clients, ev.RemoteAddr)
+		var seen time.Time // the last valid request read at or before the grant
+		for _, at := range hc.seen {
+			if !at.After(ev.Time) {
+				seen = at
+			}
+		}
+		if !seen.IsZero() && !ev.Time.Before(seen.Add(lease)) {
+			return fmt.Errorf("event %d: %s granted %q (token %d) at %v; its lease had passed at %v (last request read at %v); it received %s",
+				i, hc.name, ev.Lock, ev.Token, ev.Time.Sub(start), seen.Add(lease).Sub(start), seen.Sub(start), hc.frames())
+		}
+	}
+	return nil
+}
+
+// tick returns a random multiple of 50ms below d: on a coarse grid, many
+// goroutines wake at the same fake instant and race for real.
+func tick(r *rand.Rand, d time.Duration) time.Duration {
+	const grid = 50 * time.Millisecond
+	return time.Duration(r.Int64N(int64(d/grid))) * grid
+}
+
+type huntForce struct {
+	remote string
+	token  uint64
+}
+
+// play sends a random script; it stops at the first failed write, which
+// means the server has closed the connection.
+func (hc *huntClient) play(conn net.Conn, r *rand.Rand, steps int, lease time.Duration) {
+	defer func() {
+		if hc.selfEnd {
+			conn.Close()
+		}
+	}()
+	// write sends b, whose first valid bytes are one valid request (if
+	// valid is not 0), the rest a byte that ends the session.
+	write := func(b []byte, valid int) bool {
+		if _, err := conn.Write(b); err != nil {
+			return false
+		}
+		if valid > 0 {
+			hc.valid++
+			hc.seen = append(hc.seen, time.Now())
+		}
+		return true
+	}
+	time.Sleep(tick(r, []time.Duration{lease / 2, 6 * lease}[r.IntN(2)])) // some join late, as the shutdown comes
+	name := []string{"a", "b"}[r.IntN(2)]
+	ok := true
+	switch r.IntN(20) {
+	case 4:
+		time.Sleep(3 * lease) // past the io-timeout: the server closes first
+		ok = false
+	case 0:
+		ok = write([]byte{TypeHeartbeat}, 0)
+	case 1:
+		ok = write([]byte{TypeAcquire, 1, 0, 0, 0, 0, 0, 1, 'a'}, 0) // lease 0
+	case 2:
+		ok = write([]byte{TypeAcquire, 9}, 0) // version
+	case 3:
+		write([]byte{TypeAcquire, 1, 0, 0}, 0) // half a frame, then silence
+		return
+	default:
+		b, _ := acquire(name, lease).AppendBinary(nil)
+		ok = write(b, len(b))
+	}
+	for step := 0; ok && step < steps; step++ {
+		switch k := r.IntN(20); {
+		case k == 0:
+			hc.selfEnd = true
+			return
+		case k == 1:
+			ok = write([]byte{0x7f}, 0)
+		case k == 2:
+			b, _ := acquire(name, lease).AppendBinary(nil)
+			ok = write(b, 0) // duplicate
+		case k == 3:
+			time.Sleep(lease + lease/2) // silent past the lease
+		case k == 4:
+			write([]byte{TypeAcquire}, 0) // half a frame (a duplicate ACQUIRE's type byte), then silence
+			time.Sleep(lease)
+			return
+		case k == 5:
+			time.Sleep(tick(r, lease/2))
+			ok = write([]byte{TypeHeartbeat, 0x7f}, 1) // read at once: answered, then the end
+		default:
+			time.Sleep(tick(r, lease/2))
+			ok = write([]byte{TypeHeartbeat}, 1)
+		}
+	}
+	if ok {
+		hc.selfEnd = r.IntN(2) == 0
+		if !hc.selfEnd {
+			time.Sleep(3 * lease) // until the server drops it
+		}
+	}
+}
+
+// frames shows what the client received, as far as it parses.
+func (hc *huntClient) frames() string {
+	var fs []Frame
+	for r := bytes.NewReader(hc.received); r.Len() > 0; {
+		f, err := ReadFrame(r)
+		if err != nil {
+			break
+		}
+		fs = append(fs, f)
+	}
+	return showFrames(fs)
+}
+
+func (hc *huntClient) readAll(conn net.Conn) {
+	buf := make([]byte, 64)
+	for {
+		n, err := conn.Read(buf)
+		hc.received = append(hc.received, buf[:n]...)
+		if err != nil {
+			conn.Close()
+			return
+		}
+	}
+}
+
+// check holds a connection's byte stream to the grammar: one answer per
+// valid request the server read (an ERROR may answer the last one), at most one pushed ACQUIRED and only to a
+// waiter, never WAITING after ACQUIRED, one token, and at most one ERROR,
+// last.
+func (hc *huntClient) check() error {
+	var answers, waitings int
+	var token uint64
+	acquired, failed := false, false
+	for r := bytes.NewReader(hc.received); r.Len() > 0; {
+		f, err := ReadFrame(r)
+		if err != nil {
+			return fmt.Errorf("not a frame: %v", err)
+		}
+		switch f.Type {
+		case TypeWaiting:
+			if acquired {
+				return fmt.Errorf("WAITING after ACQUIRED")
+			}
+			answers++
+			waitings++
+		case TypeAcquired:
+			if acquired && f.Token != token {
+				return fmt.Errorf("token %d after %d", f.Token, token)
+			}
+			acquired, token = true, f.Token
+			answers++
+		case TypeError:
+			failed = true
+			if r.Len() > 0 {
+				return fmt.Errorf("%d bytes after ERROR 0x%02x", r.Len(), uint8(f.Code))
+			}
+		default:
+			return fmt.Errorf("frame type 0x%02x from the server", f.Type)
+		}
+	}
+	pushes := answers - hc.valid
+	if failed && pushes == -1 {
+		pushes = 0 // the ERROR answered the last request
+	}
+	switch {
+	case pushes < 0 && !hc.selfEnd:
+		return fmt.Errorf("%d answers to %d requests", answers, hc.valid)
+	case pushes > 1:
+		return fmt.Errorf("%d answers to %d requests: more than one push", answers, hc.valid)
+	case pushes == 1 && waitings == 0:
+		return fmt.Errorf("a push to a session that never waited")
+	}
+	return nil
+}
+
+// checkEvents holds the events to the table's rules: for each lock, grants
+// and releases alternate with the same token; tokens strictly increase;
+// nobody is granted after an administrator ended it; a forced holder's
+// release says force.
+func checkEvents(events []Event, forced []huntForce) error {
+	holder := map[string]Event{} // by lock: the open grant
+	ended := map[string]bool{}   // remotes an administrator ended
+	var last uint64
+	for i, ev := range events {
+		switch ev.Type {
+		case EventGranted:
+			if h, ok := holder[ev.Lock]; ok {
+				return fmt.Errorf("event %d: %s granted %q while %s holds it", i, ev.RemoteAddr, ev.Lock, h.RemoteAddr)
+			}
+			if ev.Token <= last {
+				return fmt.Errorf("event %d: token %d after %d", i, ev.Token, last)
+			}
+			if ended[ev.RemoteAddr] {
+				return fmt.Errorf("event %d: %s granted %q after an administrator ended it", i, ev.RemoteAddr, ev.Lock)
+			}
+			last = ev.Token
+			holder[ev.Lock] = ev
+		case EventReleased:
+			h, ok := holder[ev.Lock]
+			if !ok || h.Token != ev.Token || h.RemoteAddr != ev.RemoteAddr {
+				return fmt.Errorf("event %d: %s released %q (token %d) that it does not hold", i, ev.RemoteAddr, ev.Lock, ev.Token)
+			}
+			delete(holder, ev.Lock)
+			if slices.Contains(forced, huntForce{ev.RemoteAddr, ev.Token}) != (ev.Reason == ReasonForce) {
+				return fmt.Errorf("event %d: release of token %d by %s has reason %s; force-released: %v", i, ev.Token, ev.RemoteAddr, ev.Reason, forced)
+			}
+		case EventForceRelease, EventKickWaiter:
+			ended[ev.RemoteAddr] = true
+		}
+	}
+	return nil
+}
+
+// TestClientRaceHunt drives Do clients against a real Server, in fake
+// time, through in-memory connections that suffer faults (delays, lost
+// server frames, lost client frames, both, cuts, a reply held until the
+// claim's deadline) and a shutdown at a random moment, and checks the
+// client's promises: fn never runs after the moment the server grants the
+// lock to the next holder (fn's stop time against the next grant's, both
+// in fake time), and fn is told of the loss by the claim's deadline, which
+// the hunt computes by the specification's rule from what the connection
+// carried (see deadlineConn). A run is a seed; the plan of faults and
+// timings follows from it (the interleaving of goroutines at one instant
+// is the runtime's). MONOLOCK_HUNT_SEEDS=N runs seeds 0 to N-1,
+// MONOLOCK_HUNT_SEED=S only S.
+func TestClientRaceHunt(t *testing.T) {
+	first, n := doHuntSeeds(40)
+	var total huntStats
+	for seed := first; seed < first+n; seed++ {
+		synctest.Test(t, func(t *testing.T) {
+			st, bad := huntDoClients(seed, false)
+			if bad != "" {
+				t.Errorf("seed %d (rerun: MONOLOCK_HUNT_SEED=%d go test -run ClientRaceHunt): %s", seed, seed, bad)
+			}
+			total.add(st)
+		})
+	}
+	t.Logf("%d seeds: %d grants, fn ran %d times, %d of them told of a loss; %d replies held until the deadline", n, total.grants, total.runs, total.losses, total.held)
+	// A hunt that never loses a lock checks nothing.
+	if n >= 10 && (total.runs < 10*int(n) || total.losses < int(n) || total.held < int(n)) {
+		t.Fatalf("too little happened: %+v", total)
+	}
+}
+
+// TestClientRaceHuntRealTime is the hunt in real time, on one processor,
+// where a reply that the client reads just before the claim's deadline can
+// reach the claim just after it: the held reply is read a moment before
+// the deadline and then kept, busy on the only processor (too briefly for
+// the runtime to preempt it), until a moment after. In fake time nothing
+// runs late, so only this stage sees a client that lets such a reply
+// confirm its claim. Its leases are long enough for a heartbeat interval
+// (100ms at least) to exceed the slack given to a noisy machine.
+func TestClientRaceHuntRealTime(t *testing.T) {
+	if raceEnabled {
+		t.Skip("its margins are for real time without the race detector")
+	}
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	first, n := doHuntSeeds(3)
+	var total huntStats
+	for seed := first; seed < first+n; seed++ {
+		st, bad := huntDoClients(seed, true)
+		if bad != "" {
+			t.Errorf("seed %d (rerun: MONOLOCK_HUNT_SEED=%d go test -run ClientRaceHuntRealTime): %s", seed, seed, bad)
+		}
+		total.add(st)
+	}
+	t.Logf("%d seeds: %d grants, fn ran %d times, %d of them told of a loss; %d replies held across the deadline", n, total.grants, total.runs, total.losses, total.held)
+	if total.held == 0 {
+		t.Fatalf("no reply was held across a deadline: %+v", total)
+	}
+}
+
+// doHuntSeeds reads the seeds to run from the environment, or runs 0 to n-1.
+func doHuntSeeds(n uint64) (first, count uint64) {
+	if s, err := strconv.ParseUint(os.Getenv("MONOLOCK_HUNT_SEEDS"), 10, 64); err == nil {
+		n = s
+	}
+	if s, err := strconv.ParseUint(os.Getenv("MONOLOCK_HUNT_SEED"), 10, 64); err == nil {
+		return s, 1
+	}
+	return 0, n
+}
+
+type huntStats struct{ runs, losses, grants, held int }
+
+func (t *huntStats) add(s huntStats) {
+	t.runs, t.losses, t.grants, t.held = t.runs+s.runs, t.losses+s.losses, t.grants+s.grants, t.held+s.held
+}
+
+// run is one execution of fn.
+type run struct {
+	client      int
+	lock        string
+	token       uint64
+	start, stop time.Time
+	told        time.Time // of the loss, or zero
+	cutAt       time.Time // when the plan cuts the connection, or zero
+	conn        *deadlineConn
+	cause       error
+}
+
+// huntDoClients runs one seed, in fake time or real time, and returns
+// what went wrong, or "".
+func huntDoClients(seed uint64, realTime bool) (st huntStats, bad string) {
+	rng := rand.New(rand.NewPCG(seed, 0x6d6f6e6f6c6f636b))
+	length, leaseMin, leaseSpan := time.Duration(20+rng.IntN(40))*time.Second, 200, 2800
+	slack := time.Duration(0) // in fake time, the claim ends at its deadline's instant
+	locks, holdOneIn := []string{"a", "b"}[:1+rng.IntN(2)], 3
+	if realTime { // seconds are real: more locks and more holds in fewer of them
+		length, leaseMin, leaseSpan = time.Duration(2000+rng.IntN(2000))*time.Millisecond, 400, 800
+		slack = 60 * time.Millisecond
+		locks, holdOneIn = []string{"a", "b", "c", "d"}, 2
+	}
+	var mu sync.Mutex // guards grants, runs, plans
+	var grants []Event
+	var runs []run
+	var plans []string
+	srv := &Server{IOTimeout: time.Second, OnEvent: func(ev Event) {
+		if ev.Type == EventGranted {
+			mu.Lock()
+			grants = append(grants, ev)
+			mu.Unlock()
+		}
+	}}
+	l := newFaultyListener()
+	defer func() { // frees the relays that play a partition or a delay
+		close(l.quit)
+		l.relays.Wait()
+	}()
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(l) }()
+
+	start := time.Now()
+	end := start.Add(length)
+	var wg sync.WaitGroup
+	for id := range 3 + rng.IntN(6) {
+		crng := rand.New(rand.NewPCG(seed, uint64(id)))
+		var conns int
+		var cutAt time.Time  // of the last connection
+		var dc *deadlineConn // likewise
+		c := New(Config{Address: "pipe", Dialer: dialerFunc(func(ctx context.Context, _, _ string) (net.Conn, error) {
+			conns++
+			prng := rand.New(rand.NewPCG(seed, uint64(id)<<32|uint64(conns)))
+			var client net.Conn
+			var plan string
+			client, plan, cutAt = faultyPipe(l, prng, start)
+			dc = &deadlineConn{Conn: client, spin: realTime, closed: make(chan struct{})}
+			if prng.IntN(holdOneIn) == 0 {
+				dc.holdReply = 1 + prng.IntN(8)
+				plan += fmt.Sprintf("; hold reply %d until the deadline", dc.holdReply)
+			}
+			mu.Lock()
+			plans = append(plans, fmt.Sprintf("  client %d, connection %d: %s\n", id, conns, plan))
+			mu.Unlock()
+			return dc, nil
+		})})
+		wg.Go(func() {
+			for time.Now().Before(end) {
+				lease := time.Duration(leaseMin+crng.IntN(leaseSpan)) * time.Millisecond
+				work := time.Duration(crng.Int64N(int64(3 * lease)))
+				stopping := time.Duration(crng.Int64N(int64(lease / 10)))
+				name := locks[crng.IntN(len(locks))]
+				ctx, cancel := context.WithTimeout(context.Background(), time.Duration(1+crng.IntN(10))*time.Second)
+				c.Do(ctx, name, lease, func(ctx context.Context, token uint64) error {
+					r := run{client: id, lock: name, token: token, start: time.Now(), cutAt: cutAt, conn: dc}
+					// A context, not time.After: channel timers in a bubble once
+					// crashed the runtime here (go1.26.8, -race, SIGSEGV in
+					// timer.maybeRunChan); timers that call a function did not.
+					done, stop := context.WithTimeout(context.Background(), work)
+					defer stop()
+					select {
+					case <-done.Done():
+					case <-ctx.Done():
+						r.cause, r.told = context.Cause(ctx), time.Now()
+						// After a loss, work that takes a moment to stop; but not
+						// after a cut, which the server hears at the same
+						// instant, nor after Do's own ctx ended (a graceful
+						// stop, after which a cut would not be told).
+						if errors.Is(r.cause, ErrLockLost) && !errors.Is(r.cause, ErrConnectionClosed) {
+							time.Sleep(stopping)
+						}
+					}
+					r.stop = time.Now()
+					mu.Lock()
+					runs = append(runs, r)
+					mu.Unlock()
+					return nil
+				})
+				cancel()
+				time.Sleep(time.Duration(crng.IntN(300)) * time.Millisecond)
+			}
+		})
+	}
+	if rng.IntN(3) == 0 { // a shutdown at a random moment
+		time.Sleep(time.Duration(rng.Int64N(int64(end.Sub(start)))))
+	} else {
+		time.Sleep(end.Sub(start))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := srv.Shutdown(ctx); err != nil {
+		return st, fmt.Sprintf("Shutdown: %v", err)
+	}
+	wg.Wait()
+	if err := <-served; !errors.Is(err, ErrServerClosed) {
+		return st, fmt.Sprintf("Serve returned %v", err)
+	}
+
+	mu.Lock()
+	defer mu.Unlock()
+	at := func(tm time.Time) time.Duration { return tm.Sub(start) }
+	st.runs, st.grants = len(runs), len(grants)
+	for _, r := range runs {
+		if r.cause != nil && errors.Is(r.cause, ErrLockLost) {
+			st.losses++
+		}
+		if r.conn.held() {
+			st.held++
+		}
+		ended := r.stop // when fn was told its claim ended, or returned untold
+		if !r.told.IsZero() {
+			ended = r.told
+		}
+		if deadline := r.conn.deadline(); ended.After(deadline.Add(slack)) {
+			return st, fmt.Sprintf("client %d's fn (token %d of %q, from %v) ran on until %v (told: cause %v), but nothing confirmed its claim in time after its deadline at %v; the plans:\n%s",
+				r.client, r.token, r.lock, at(r.start), at(ended), r.cause, at(deadline), strings.Join(plans, ""))
+		}
+		i := slices.IndexFunc(grants, func(g Event) bool { return g.Lock == r.lock && g.Token == r.token })
+		if i < 0 {
+			return st, fmt.Sprintf("client %d ran fn with token %d of %q, which the server never granted", r.client, r.token, r.lock)
+		}
+		for _, g := range grants[i+1:] {
+			// A cut reaches both ends at once: work told of a loss by the
+			// time the client could hear the cut may still be stopping when
+			// the server, hearing the cut, has freed the lock. No client can
+			// prevent that; the README states the limit.
+			stopping := !r.cutAt.IsZero() && !ended.After(r.conn.heard(r.cutAt).Add(slack)) && !g.Time.Before(r.cutAt)
+			if g.Lock == r.lock && g.Time.Before(r.stop) && !stopping {
+				return st, fmt.Sprintf("client %d's fn (token %d of %q, from %v) stopped at %v (told at %v, cause %v, cut at %v), but the server granted token %d at %v; the plans:\n%s",
+					r.client, r.token, r.lock, at(r.start), at(r.stop), at(r.told), r.cause, at(r.cutAt), g.Token, at(g.Time), strings.Join(plans, ""))
+			}
+		}
+	}
+	return st, ""
+}
+
+// faultyListener is a net.Listener of in-memory connections, each through
+// a relay that injects faults (see faultyPipe).
+type faultyListener struct {
+	conns  chan net.Conn
+	closed chan struct{}
+	once   sync.Once
+	quit   chan struct{} // closed at the end of the run
+	relays sync.WaitGroup
+}
+
+func newFaultyListener() *faultyListener {
+	return &faultyListener{conns: make(chan net.Conn), closed: make(chan struct{}), quit: make(chan struct{})}
+}
+
+func (l *faultyListener) Accept() (net.Conn, error) {
+	select {
+	case c := <-l.conns:
+		return c, nil
+	case <-l.closed:
+		return nil, net.ErrClosed
+	}
+}
+
+func (l *faultyListener) Close() error {
+	l.once.Do(func() { close(l.closed) })
+	return nil
+}
+
+func (l *faultyListener) Addr() net.Addr { return pipeAddr("pipe") }
+
+// faultyPipe connects a client to l through a relay that follows a plan
+// drawn from rng, and returns the client's end and the plan's wording. A
+// plan is perhaps a split of every server frame after its first byte, the
+// rest a while later; up to two changes of the delays in each direction;
+// then perhaps one end: the loss of all bytes one way or both (for good,
+// as in a partition: a stream that lost bytes cannot resume), or a cut.
+func faultyPipe(l *faultyListener, rng *rand.Rand, start time.Time) (_ net.Conn, plan string, cutAt time.Time) {
+	client, relayC := net.Pipe()
+	relayS, server := net.Pipe()
+	type phase struct {
+		at    time.Time
+		delay [2]time.Duration // by direction: up, down
+	}
+	var phases []phase
+	var steps []string
+	var split time.Duration
+	if rng.IntN(4) == 0 {
+		split = time.Duration(rng.Int64N(int64(500 * time.Millisecond)))
+		steps = append(steps, fmt.Sprintf("each server frame's first byte %v before the rest", split))
+	}
+	at := time.Now()
+	for range rng.IntN(3) {
+		at = at.Add(time.Duration(rng.Int64N(int64(1500 * time.Millisecond))))
+		var p phase
+		p.at = at
+		for dir := range 2 {
+			if rng.IntN(2) == 0 {
+				p.delay[dir] = time.Duration(rng.Int64N(int64(time.Second)))
+			}
+		}
+		phases = append(phases, p)
+		steps = append(steps, fmt.Sprintf("from %v delay up %v, down %v", at.Sub(start), p.delay[up], p.delay[down]))
+	}
+	at = at.Add(time.Duration(rng.Int64N(int64(1500 * time.Millisecond))))
+	var mute [2]bool
+	var cut bool
+	switch rng.IntN(6) {
+	case 1:
+		mute[up] = true
+		steps = append(steps, fmt.Sprintf("from %v drop client bytes", at.Sub(start)))
+	case 2:
+		mute[down] = true
+		steps = append(steps, fmt.Sprintf("from %v drop server bytes", at.Sub(start)))
+	case 3:
+		mute = [2]bool{true, true}
+		steps = append(steps, fmt.Sprintf("from %v drop all bytes", at.Sub(start)))
+	case 4:
+		cut = true
+		steps = append(steps, fmt.Sprintf("cut at %v", at.Sub(start)))
+	}
+	delay := func(dir int, now time.Time) (d time.Duration) {
+		for _, p := range phases {
+			if !now.Before(p.at) {
+				d = p.delay[dir]
+			}
+		}
+		return d
+	}
+	var once sync.Once
+	closeAll := func() {
+		once.Do(func() {
+			relayC.Close()
+			relayS.Close()
+		})
+	}
+	if cut {
+		cutAt = at
+		time.AfterFunc(time.Until(at), closeAll) // both ends hear it at the same instant
+	}
+	pump := func(src, dst net.Conn, dir int) {
+		type chunk struct {
+			b   []byte
+			due time.Time
+		}
+		chunks := make(chan chunk, 1024)
+		l.relays.Go(func() {
+			for c := range chunks {
+				select {
+				case <-l.quit:
+				default:
+					time.Sleep(time.Until(c.due)) // see the note on channel timers above
+				}
+				if _, err := dst.Write(c.b); err != nil {
+					break
+				}
+			}
+			closeAll()
+			for range chunks {
+			}
+		})
+		buf := make([]byte, 512)
+		for {
+			n, err := src.Read(buf)
+			now := time.Now()
+			if mute[dir] && !now.Before(at) {
+				if err != nil {
+					// A partition loses the end of the stream too: the other
+					// side hears nothing until its own timeouts.
+					<-l.quit
+					close(chunks)
+					return
+				}
+				continue
+			}
+			if due := now.Add(delay(dir, now)); n > 1 && dir == down && split > 0 {
+				chunks <- chunk{[]byte{buf[0]}, due}
+				chunks <- chunk{append([]byte(nil), buf[1:n]...), due.Add(split)}
+			} else if n > 0 {
+				chunks <- chunk{append([]byte(nil), buf[:n]...), due}
+			}
+			if err != nil {
+				close(chunks)
+				return
+			}
+		}
+	}
+	l.relays.Go(func() { pump(relayC, relayS, up) })
+	l.relays.Go(func() { pump(relayS, relayC, down) })
+	select {
+	case l.conns <- server:
+	case <-l.closed:
+		server.Close()
+	}
+	return client, strings.Join(steps, ", then "), cutAt
+}
+
+// deadlineConn is a client's end of a connection that keeps its own model
+// of the claim's deadline, by the specification's rule: 0.8 of the lease
+// from the send of the last confirmed request, where a reply read at or
+// after the deadline confirms nothing (nor does anything after it), and a
+// promotion push confirms nothing. It can hold one reply until about that
+// deadline, as a network or a busy client can (see hold).
+type deadlineConn struct {
+	net.Conn
+	holdReply int  // the reply to hold, counting from 1, or 0
+	spin      bool // hold the reply across the deadline on the processor
+	closed    chan struct{}
+	closing   sync.Once
+	mu        sync.Mutex    // guards what follows: Read and Write may overlap
+	timeout   time.Duration // 0.8 lease, computed as the client does
+	sends     []time.Time   // of the requests not yet answered
+	confirmed time.Time     // the send of the last confirmed request
+	queued    bool          // so the next ACQUIRED is the push
+	replies   int           // read in time
+	over      bool          // a late reply or an ERROR: nothing confirms the claim any more
+	heldFrom  time.Time     // when the held reply was read, or zero
+	heldUntil time.Time     // when it was delivered
+	in        []byte        // the start of a server frame
+	out       []byte        // the start of a client frame
+}
+
+// deadline is the claim's last deadline: after it, the claim is over.
+func (c *deadlineConn) deadline() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.confirmed.Add(c.timeout)
+}
+
+func (c *deadlineConn) held() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return !c.heldFrom.IsZero()
+}
+
+// heard is when the client could hear a cut at cutAt: at once, unless it
+// was then busy with a held reply.
+func (c *deadlineConn) heard(cutAt time.Time) time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.heldFrom.IsZero() && !cutAt.Before(c.heldFrom) && cutAt.Before(c.heldUntil) {
+		return c.heldUntil
+	}
+	return cutAt
+}
+
+// hold keeps a reply until its deadline, or until Close. In real time
+// (spin) it wakes a moment before the deadline and keeps the processor,
+// too briefly to be preempted, until a moment after: whatever the client
+// has waiting for the deadline cannot run before the reply is delivered.
+func (c *deadlineConn) hold(deadline time.Time) {
+	wake := deadline
+	if c.spin {
+		wake = deadline.Add(-2 * time.Millisecond)
+	}
+	ctx, cancel := context.WithDeadline(context.Background(), wake) // not a channel timer: see huntDoClients
+	defer cancel()
+	select {
+	case <-ctx.Done():
+	case <-c.closed:
+		return
+	}
+	for c.spin && time.Now().Before(deadline.Add(2*time.Millisecond)) {
+	}
+}
+
+func (c *deadlineConn) Close() error {
+	c.closing.Do(func() { close(c.closed) })
+	return c.Conn.Close()
+}
+
+// Write counts a request as sent when its last byte is written: later
+// than the client's count, so never a deadline earlier than the client's.
+func (c *deadlineConn) Write(b []byte) (int, error) {
+	c.mu.Lock()
+	for _, f := range completeFrames(&c.out, b) {
+		if f.Type == TypeAcquire {
+			c.timeout = time.Duration(f.LeaseMS) * time.Millisecond / 5 * 4
+			c.confirmed = time.Now()
+		}
+		c.sends = append(c.sends, time.Now())
+	}
+	c.mu.Unlock()
+	return c.Conn.Write(b)
+}
+
+// completeFrames appends b to a stream's incomplete frame, *part, and
+// returns the frames that b completes.
+func completeFrames(part *[]byte, b []byte) (fs []Frame) {
+	*part = append(*part, b...)
+	r, rest := bytes.NewReader(*part), len(*part)
+	for f, err := ReadFrame(r); err == nil; f, err = ReadFrame(r) {
+		fs, rest = append(fs, f), r.Len()
+	}
+	*part = (*part)[len(*part)-rest:]
+	return fs
+}
+
+func (c *deadlineConn) Read(b []byte) (int, error) {
+	n, err := c.Conn.Read(b)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, f := range completeFrames(&c.in, b[:n]) {
+		if c.over || f.Type == TypeError {
+			c.over = true
+			break
+		}
+		if f.Type == TypeAcquired && c.queued {
+			c.queued = false // the push
+			continue
+		}
+		if len(c.sends) == 0 {
+			break // unsolicited: the client's own checks end the claim
+		}
+		deadline := c.confirmed.Add(c.timeout)
+		if c.replies++; c.replies == c.holdReply && time.Now().Before(deadline) {
+			c.heldFrom = time.Now()
+			c.mu.Unlock()
+			c.hold(deadline)
+			c.mu.Lock()
+			c.heldUntil = time.Now()
+			select {
+			case <-c.closed:
+				return 0, net.ErrClosed
+			default:
+			}
+		}
+		if !time.Now().Before(deadline) {
+			c.over = true
+			break
+		}
+		c.confirmed, c.sends = c.sends[0], c.sends[1:]
+		c.queued = f.Type == TypeWaiting
+	}
+	return n, err
+}
+
+// TestStress runs a few hundred clients that connect, heartbeat, go silent,
+// break the protocol and close at random on a handful of locks, then checks
+// what they saw against the server's promises:
+//   - one holder at a time: each grant of a lock is seen only after the
+//     previous holder closed, or, if it went silent, after its lease ran
+//     out counted from its last send;
+//   - tokens unique, and increasing in the order a lock changes hands;
+//   - on every connection, WAITING never after ACQUIRED, one token, one
+//     reply per request plus at most one push;
+//   - a heartbeating session is never dropped, and once the churn stops
+//     every waiter is granted.
+func TestStress(t *testing.T) {
+	if testing.Short() {
+		t.Skip("stress test")
+	}
+	const (
+		clients  = 200
+		locks    = 5
+		lease    = 2 * time.Second
+		interval = 100 * time.Millisecond
+		churn    = 3 * time.Second
+	)
+	var (
+		evMu   sync.Mutex
+		events []Event
+	)
+	srv := &Server{IOTimeout: 5 * time.Second, OnEvent: func(ev Event) {
+		evMu.Lock()
+		events = append(events, ev)
+		evMu.Unlock()
+	}}
+	addr := startServer(t, srv)
+	stop := make(chan struct{})
+	var (
+		mu     sync.Mutex
+		grants []*grant
+		failed []string
+	)
+	var wg sync.WaitGroup
+	for i := range clients {
+		wg.Go(func() {
+			c := &stressClient{addr: addr, lease: lease, interval: interval, stop: stop,
+				rng: rand.New(rand.NewPCG(uint64(i), 42)), name: func(r *rand.Rand) string {
+					return fmt.Sprintf("lock-%d", r.IntN(locks))
+				}}
+			c.run()
+			mu.Lock()
+			grants = append(grants, c.grants...)
+			failed = append(failed, c.failures...)
+			mu.Unlock()
+		})
+	}
+	time.Sleep(churn)
+	close(stop)
+	finished := make(chan struct{})
+	go func() { wg.Wait(); close(finished) }()
+	select {
+	case <-finished:
+	case <-time.After(time.Minute):
+		t.Fatal("clients still waiting a minute after the churn stopped")
+	}
+	for _, f := range failed {
+		t.Error(f)
+	}
+
+	byLock := map[string][]*grant{}
+	tokens := map[uint64]bool{}
+	for _, g := range grants {
+		if tokens[g.token] {
+			t.Errorf("token %d granted twice", g.token)
+		}
+		tokens[g.token] = true
+		byLock[g.lock] = append(byLock[g.lock], g)
+	}
+	for name, gs := range byLock {
+		slices.SortFunc(gs, func(a, b *grant) int { return cmpUint(a.token, b.token) })
+		for i := 1; i < len(gs); i++ {
+			prev, next := gs[i-1], gs[i]
+			if !next.seen.After(prev.endBound) {
+				t.Errorf("%s: token %d seen %v before the end of token %d's ownership (%s)",
+					name, next.token, prev.endBound.Sub(next.seen), prev.token, prev.how)
+			}
+		}
+	}
+	if len(grants) < clients {
+		t.Errorf("only %d grants for %d clients", len(grants), clients)
+	}
+	t.Logf("%d grants on %d locks", len(grants), len(byLock))
+
+	// The events alone tell the same story: per lock, grant and release
+	// alternate with the same token, tokens rise, and every grant the
+	// clients saw is there.
+	waitFor(t, "every session to end", func() bool {
+		srv.mu.Lock()
+		defer srv.mu.Unlock()
+		return len(srv.sessions) == 0
+	})
+	awaitFunc(t, "the delivery of the last events", srv.eventWG.Wait)
+	evMu.Lock()
+	defer evMu.Unlock()
+	holder := map[string]uint64{}
+	var last uint64
+	granted := map[uint64]bool{}
+	for _, ev := range events {
+		switch ev.Type {
+		case EventGranted:
+			if holder[ev.Lock] != 0 {
+				t.Fatalf("%s granted to %d while %d holds it", ev.Lock, ev.Token, holder[ev.Lock])
+			}
+			if ev.Token <= last {
+				t.Fatalf("token %d granted after %d", ev.Token, last)
+			}
+			holder[ev.Lock], last, granted[ev.Token] = ev.Token, ev.Token, true
+		case EventReleased:
+			if holder[ev.Lock] != ev.Token {
+				t.Fatalf("%s released by %d while %d holds it", ev.Lock, ev.Token, holder[ev.Lock])
+			}
+			holder[ev.Lock] = 0
+		}
+	}
+	for name, token := range holder {
+		if token != 0 {
+			t.Errorf("%s: grant of %d never released", name, token)
+		}
+	}
+	for _, g := range grants {
+		if !granted[g.token] {
+			t.Errorf("no granted event for token %d", g.token)
+		}
+	}
+}
+
+func cmpUint(a, b uint64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+type grant struct {
+	lock     string
+	token    uint64
+	seen     time.Time // when the client read its ACQUIRED
+	endBound time.Time // the server cannot have ended the ownership before this
+	how      string
+}
+
+type stressClient struct {
+	addr            string
+	lease, interval time.Duration
+	stop            chan struct{}
+	rng             *rand.Rand
+	name            func(*rand.Rand) string
+	grants          []*grant
+	failures        []string
+}
+
+func (c *stressClient) failf(format string, args ...any) {
+	c.failures = append(c.failures, fmt.Sprintf(format, args...))
+}
+
+func (c *stressClient) stopped() bool {
+	select {
+	case <-c.stop:
+		return true
+	default:
+		return false
+	}
+}
+
+func (c *stressClient) run() {
+	for !c.stopped() && len(c.failures) == 0 {
+		c.session()
+	}
+}
+
+type readResult struct {
+	f   Frame
+	err error
+	at  time.Time
+}
+
+// session plays one connection with a randomly chosen behaviour.
+func (c *stressClient) session() {
+	const (
+		normal  = iota // heartbeats; closes a little after the grant
+		quitter        // heartbeats; gives up while waiting
+		silent         // stops sending at some point
+		breaker        // sends an unknown type byte at some point
+	)
+	behaviour := []int{normal, normal, normal, normal, normal, normal, quitter, quitter, silent, breaker}[c.rng.IntN(10)]
+	after := time.Duration(c.rng.Int64N(int64(150 * time.Millisecond)))
+	name := c.name(c.rng)
+
+	conn, err := net.DialTimeout("tcp", c.addr, wait)
+	if err != nil {
+		c.failf("dial: %v", err)
+		return
+	}
+	defer conn.Close()
+	frames := make(chan readResult, 4)
+	go func() {
+		for {
+			f, err := ReadFrame(conn)
+			frames <- readResult{f, err, time.Now()}
+			if err != nil {
+				return
+			}
+		}
+	}()
+
+	var (
+		requests, replies int // replies counts frames that are not the push
+		waited, pushed    bool
+		token             uint64
+		g                 *grant
+		lastSend          time.Time
+	)
+	send := func(f Frame) bool {
+		b, _ := f.AppendBinary(nil)
+		lastSend = time.Now()
+		conn.SetWriteDeadline(time.Now().Add(wait))
+		if _, err := conn.Write(b); err != nil {
+			c.failf("%s: write: %v", name, err)
+			return false
+		}
+		requests++
+		return true
+	}
+	end := func(how string, bound time.Time) {
+		if g != nil {
+			g.endBound, g.how = bound, how
+		}
+	}
+	// awaitDrop reads until the server ends the connection.
+	awaitDrop := func(how string, earliest time.Time) {
+		conn.SetReadDeadline(earliest.Add(wait))
+		for r := range frames {
+			if r.err == nil {
+				if r.f.Type == TypeAcquired && token == 0 && waited && !pushed {
+					pushed, token = true, r.f.Token
+					g = &grant{lock: name, token: token, seen: r.at}
+					c.grants = append(c.grants, g)
+				}
+				continue
+			}
+			if isTimeoutErr(r.err) {
+				c.failf("%s: %s session not dropped within %v of the end of its lease", name, how, wait)
+				return
+			}
+			if r.at.Before(earliest) {
+				c.failf("%s: %s session dropped %v early", name, how, earliest.Sub(r.at))
+			}
+			end(how, earliest)
+			return
+		}
+	}
+
+	if !send(acquire(name, c.lease)) {
+		return
+	}
+	start := time.Now()
+	tick := time.NewTicker(c.interval)
+	defer tick.Stop()
+	for {
+		select {
+		case r := <-frames:
+			if r.err != nil {
+				c.failf("%s: healthy session ended: %v", name, r.err)
+				end("dropped", r.at)
+				return
+			}
+			switch f := r.f; {
+			case f.Type == TypeWaiting && token != 0:
+				c.failf("%s: WAITING after ACQUIRED", name)
+				return
+			case f.Type == TypeWaiting:
+				waited = true
+				replies++
+			case f.Type == TypeAcquired && token != 0 && f.Token != token:
+				c.failf("%s: token %d then %d on one connection", name, token, f.Token)
+				return
+			case f.Type == TypeAcquired && token == 0 && waited:
+				pushed, token = true, f.Token // the first ACQUIRED after WAITING counts as the push
+				g = &grant{lock: name, token: token, seen: r.at}
+				c.grants = append(c.grants, g)
+				start = time.Now()
+			case f.Type == TypeAcquired && token == 0:
+				replies++
+				token = f.Token
+				g = &grant{lock: name, token: token, seen: r.at}
+				c.grants = append(c.grants, g)
+				start = time.Now()
+			case f.Type == TypeAcquired:
+				replies++
+			default:
+				c.failf("%s: unexpected %+v", name, f)
+				return
+			}
+			if replies > requests {
+				c.failf("%s: %d replies to %d requests (pushed: %v)", name, replies, requests, pushed)
+				return
+			}
+		case <-tick.C:
+			stopping := c.stopped()
+			due := !stopping && time.Since(start) > after
+			switch {
+			case behaviour == silent && due:
+				awaitDrop("silent", lastSend.Add(c.lease))
+				return
+			case behaviour == breaker && due:
+				if !send(Frame{Type: TypeHeartbeat}) { // keeps the count honest; then the bad byte
+					return
+				}
+				bound := time.Now()
+				conn.Write([]byte{0x7f})
+				awaitDrop("broke the protocol", bound)
+				return
+			case behaviour == quitter && token == 0 && due,
+				token != 0 && (due || stopping) && requests == replies:
+				end("closed", time.Now())
+				return // the deferred Close releases
+			case requests == replies: // one heartbeat in flight at most
+				if !send(heartbeat) {
+					return
+				}
+			}
+		}
+	}
+}

@@ -1,5 +1,0 @@
-//go:build !race
-
-package monolock
-
-const raceEnabled = false

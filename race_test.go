@@ -1,6 +1,0 @@
-//go:build race
-
-package monolock
-
-// raceEnabled: the race detector is on, and stacks are larger under it.
-const raceEnabled = true
