@@ -183,13 +183,24 @@ func shutdownWithin(t *testing.T, srv *Server, d time.Duration) {
 	}
 }
 
+// A client that floods and never reads: Shutdown cuts the write blocked
+// on it. If the cut write had sent part of a frame, the connection is
+// closed at once (nil); if it had sent nothing, the final ERROR 0x01 is
+// owed and blocks in turn, so the ctx ends first: Shutdown closes every
+// connection and returns the ctx's error. Either way, by the ctx's end
+// (here 200ms) and with nothing left open, though the io-timeout is a
+// minute.
 func TestShutdownDeadlineClosesStuckSessions(t *testing.T) {
 	srv := &Server{IOTimeout: time.Minute}
 	stuckHolder(t, startServerWatched(t, srv), "stuck")
 	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 	defer cancel()
-	if err := srv.Shutdown(ctx); !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("Shutdown returned %v, want the context's deadline", err)
+	start := time.Now()
+	if err := srv.Shutdown(ctx); err != nil && !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Shutdown returned %v, want nil or the context's deadline", err)
+	}
+	if took := time.Since(start); took > 5*time.Second {
+		t.Fatalf("Shutdown took %v with a ctx of 200ms", took)
 	}
 	srv.mu.Lock()
 	defer srv.mu.Unlock()
@@ -1171,9 +1182,10 @@ func TestInterleavingShutdownIgnoresContext(t *testing.T) {
 }
 
 // Shutdown must finish within one io-timeout whatever the clients do. A
-// client that takes its heartbeat reply just before the write's deadline,
-// then stops reading, gets its ERROR 0x01 written with a fresh deadline
-// after the session left srv.sessions, out of Close's reach.
+// heartbeat reply blocked on a client that does not read has sent nothing
+// when Shutdown begins: Shutdown cuts it (no write but the final ERROR
+// begins after the end is decided), and the client, reading just before
+// the io-timeout, gets ERROR 0x01 alone; Shutdown then returns in time.
 func TestInterleavingShutdownExceedsIOTimeout(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		const io = 2 * time.Second
@@ -1194,7 +1206,9 @@ func TestInterleavingShutdownExceedsIOTimeout(t *testing.T) {
 			done <- time.Since(start)
 		}()
 		time.Sleep(io/2 - 100*time.Millisecond)
-		mustRead(t, a, TypeAcquired) // just in time; then a reads no more
+		if f := mustRead(t, a, TypeError); f.Code != CodeShuttingDown { // just in time; then a reads no more
+			t.Errorf("a read %+v, want ERROR 0x01 (its reply cut before any byte)", f)
+		}
 		select {
 		case took := <-done:
 			t.Logf("Shutdown took %v, io-timeout %v", took, io)
@@ -1610,4 +1624,105 @@ func TestModelShrinksToTheCause(t *testing.T) {
 	if got := shrink(fails, ops); len(got) != 2 {
 		t.Fatalf("shrunk to %v, want the two steps that matter", got)
 	}
+}
+
+// A session whose lease has passed by the server's clock when it would
+// join the table (lastSeenAt is the ACQUIRE's read, before Authorize, here
+// 2ms for a 1ms lease) is closed as expired: no token is spent on it.
+func TestNoGrantWhenAuthorizeOutlastsTheLease(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var mu sync.Mutex
+		var evs []string
+		srv := &Server{
+			IOTimeout: 5 * time.Second,
+			Authorize: func(_, _ string) bool { time.Sleep(2 * time.Millisecond); return true },
+			OnEvent: func(ev Event) {
+				mu.Lock()
+				evs = append(evs, ev.Type+"/"+ev.Reason)
+				mu.Unlock()
+			},
+		}
+		l := newPipeListener()
+		go srv.Serve(l)
+		defer srv.Close()
+
+		c := l.dial("c")
+		sendAcquire(t, c, "x", time.Millisecond)
+		got := readRest(c)
+		synctest.Wait()
+		st := srv.Stats()
+		mu.Lock()
+		t.Logf("client received %+v; Grants=%d Releases=%v events=%v", got, st.Grants, st.Releases, evs)
+		mu.Unlock()
+		if st.Grants > 0 && len(got) == 0 {
+			t.Errorf("a token was spent on a session already expired by the server's clock (Grants=%d, Releases[expired]=%d), and it never got its ACQUIRED",
+				st.Grants, st.Releases[ReasonExpired])
+		}
+	})
+}
+
+// Shutdown ends a session whose goroutine is in Authorize: the writer it
+// starts for the ERROR 0x01 must not read what that goroutine sets after
+// Authorize (its lease, before it joins). Checked by the race detector.
+func TestShutdownDuringAuthorizeIsRaceFree(t *testing.T) {
+	entered := make(chan struct{}, 1)
+	srv := &Server{
+		IOTimeout: 2 * time.Second,
+		Authorize: func(_, _ string) bool {
+			entered <- struct{}{}
+			time.Sleep(300 * time.Millisecond) // no synchronisation with the writer
+			return true
+		},
+	}
+	l := newPipeListener()
+	go srv.Serve(l)
+	c := l.dial("c")
+	defer c.Close()
+	go func() {
+		b, _ := acquire("x", time.Minute).AppendBinary(nil)
+		c.Write(b)
+	}()
+	<-entered
+	go func() { io.Copy(io.Discard, c) }() // read the ERROR 0x01
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	defer cancel()
+	if err := srv.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A writer other than the session's goroutine (here the push's, blocked on
+// a client that reads late) writes by the io-timeout alone: the session's
+// goroutine may move lastSeenAt meanwhile (a HEARTBEAT at 0.9s), and a
+// deadline taken from the lease at the push (1.0s) would close a live
+// session.
+func TestPushWriterKeepsToTheIOTimeout(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		srv := &Server{IOTimeout: 5 * time.Second}
+		l := newPipeListener()
+		go srv.Serve(l)
+		defer srv.Close()
+
+		h := l.dial("h")
+		sendAcquire(t, h, "x", time.Minute)
+		mustRead(t, h, TypeAcquired)
+		w := l.dial("w")
+		sendAcquire(t, w, "x", time.Second) // t=0: lastSeenAt 0, lease 1s
+		mustRead(t, w, TypeWaiting)
+
+		time.Sleep(500 * time.Millisecond)
+		h.Close() // t=0.5: w promoted, its push's write deadline is 1.0
+		time.Sleep(400 * time.Millisecond)
+		if _, err := w.Write([]byte{TypeHeartbeat}); err != nil { // t=0.9: lastSeenAt 0.9
+			t.Fatal(err)
+		}
+		time.Sleep(200 * time.Millisecond) // t=1.1: lease ends at 1.9, io-timeout at 5.5
+		got := readRest(w)
+		st := srv.Stats()
+		t.Logf("w received %+v at t=1.1s; Releases=%v", got, st.Releases)
+		if len(got) < 2 {
+			t.Errorf("w was closed at t=1.0s (release reason io_timeout=%d) with lastSeenAt 0.9s, lease 1s and io-timeout 5s; want the push and the heartbeat's reply",
+				st.Releases[ReasonIOTimeout])
+		}
+	})
 }

@@ -7,10 +7,10 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"maps"
 	"net"
-	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -243,10 +243,12 @@ func (srv *Server) start(conn net.Conn) {
 // first, it closes every connection and returns ctx's error at once.
 func (srv *Server) Shutdown(ctx context.Context) error {
 	srv.mu.Lock()
-	for s := range srv.beginCloseLocked() {
+	listeners, stopped := srv.beginCloseLocked()
+	for s := range srv.sessions {
 		srv.wakeLocked(s)
 	}
 	srv.mu.Unlock()
+	closeAll(listeners, stopped)
 	finished := make(chan struct{})
 	go func() { srv.wg.Wait(); srv.eventWG.Wait(); close(finished) }()
 	bound := time.NewTimer(srv.ioTimeout())
@@ -272,44 +274,55 @@ func (srv *Server) Shutdown(ctx context.Context) error {
 // waiting.
 func (srv *Server) Close() error {
 	srv.mu.Lock()
-	srv.beginCloseLocked()
-	conns := make([]net.Conn, 0, len(srv.sessions))
+	listeners, _ := srv.beginCloseLocked()
 	for s := range srv.sessions {
 		s.phase = phaseClosed
-		conns = append(conns, s.conn)
+		listeners = append(listeners, s.conn)
 	}
 	clear(srv.sessions)
 	srv.mu.Unlock()
-	for _, c := range conns {
-		closeConn(c)
-	}
+	closeAll(listeners, nil)
 	return nil
 }
 
-// beginCloseLocked marks the server closing, closes the listeners and ends
-// every session without promoting anyone; it returns the sessions.
-func (srv *Server) beginCloseLocked() map[*session]struct{} {
+// beginCloseLocked marks the server closing and ends every session
+// without promoting anyone. It returns the listeners, to close, and the
+// sessions it stopped, whose writes to cut (see cutLocked).
+func (srv *Server) beginCloseLocked() (listeners []io.Closer, cut []*session) {
 	srv.initLocked()
 	if !srv.closing.Swap(true) {
 		close(srv.done)
 	}
 	for l := range srv.listeners {
-		l.Close() // not network I/O: it only releases the descriptor
+		listeners = append(listeners, l)
 	}
 	for s := range srv.sessions {
-		srv.stopLocked(s, ErrShuttingDown)
+		if s.phase < phaseEnding {
+			srv.stopLocked(s, ErrShuttingDown)
+			if srv.cutLocked(s) {
+				cut = append(cut, s)
+			}
+		}
 	}
-	return srv.sessions
+	return listeners, cut
+}
+
+// closeAll closes cs, raw, and cuts the writes of sessions, outside srv.mu.
+func closeAll(cs []io.Closer, sessions []*session) {
+	for _, c := range cs {
+		if tc, ok := c.(*tls.Conn); ok {
+			c = tc.NetConn() // no close_notify, which may wait on a client that does not read
+		}
+		c.Close()
+	}
+	for _, s := range sessions {
+		s.conn.SetWriteDeadline(time.Unix(1, 0))
+	}
 }
 
 // closeConn skips TLS's close_notify, which waits up to 5 s for a client
 // that does not read: the protocol's last word is ERROR or the close.
-func closeConn(c net.Conn) {
-	if tc, ok := c.(*tls.Conn); ok {
-		c = tc.NetConn()
-	}
-	c.Close()
-}
+func closeConn(c net.Conn) { closeAll([]io.Closer{c}, nil) }
 
 // Why a session ended, besides the errors it sent and the I/O errors.
 var (
@@ -319,8 +332,10 @@ var (
 	errEnded     = errors.New("ended by another") // Shutdown, an administrator, a failed write
 )
 
-// maxOwed bounds what a session owes while a writer is stuck on it.
-const maxOwed = 1 << 16
+const (
+	maxOwed    = 1 << 16               // what a session may owe while a writer is stuck on it
+	floodPause = 10 * time.Millisecond // after a read of more than one byte: see run
+)
 
 // serve handshakes and reads the ACQUIRE; once the session joined the
 // table, a fresh goroutine takes it over. The first frame is the deepest
@@ -395,19 +410,21 @@ func (s *session) acquire() error {
 	s.name = f.Name
 	if srv.Authorize != nil && !srv.Authorize(s.identity, f.Name) {
 		srv.mu.Lock()
-		srv.counts.Denials++
-		srv.emitLocked(Event{Type: EventDenied}, s)
+		if s.phase < phaseEnding {
+			srv.counts.Denials++
+			srv.emitLocked(Event{Type: EventDenied}, s)
+		}
 		srv.mu.Unlock()
 		srv.infoLimited(&srv.denialLog, "ACQUIRE not authorized", "identity", s.identity, "lock", f.Name, "remote", s.remote)
 		return fmt.Errorf("%w %q", ErrNotAuthorized, f.Name)
 	}
 	s.lease = time.Duration(f.LeaseMS) * time.Millisecond
 	srv.mu.Lock()
-	if !srv.joinLocked(s, read) {
+	if err := srv.joinLocked(s, read); err != nil {
 		srv.mu.Unlock()
-		return ErrShuttingDown
+		return err
 	}
-	s.drainOwnLocked()
+	s.drainOwnLocked(true)
 	return nil
 }
 
@@ -423,9 +440,11 @@ func (s *session) Read(p []byte) (int, error) {
 
 // run reads and answers heartbeats until the session ends: at most
 // len(rbuf) bytes at a time, answered in one write before the next read,
-// so a client that does not read is held back by its own socket. A read
-// of more than one byte, which a client with one heartbeat in flight
-// never causes, yields the processor: a flood is served in turns.
+// so a client that does not read is held back by its own socket. After a
+// read of more than one byte, which a client with one heartbeat in flight
+// never causes, the goroutine sleeps for floodPause: a flood costs the
+// server a bounded rate of reads, and leaves the processors idle often
+// enough for the runtime to poll the network for everyone else.
 func (s *session) run() {
 	srv := s.srv
 	srv.mu.Lock()
@@ -469,10 +488,10 @@ func (s *session) run() {
 			s.end(why)
 			return
 		}
-		s.drainOwnLocked()
+		s.drainOwnLocked(true)
 		deadline = now.Add(s.lease)
 		if flood {
-			runtime.Gosched()
+			time.Sleep(floodPause)
 		}
 	}
 }
@@ -483,7 +502,7 @@ func (s *session) end(why error) {
 	srv := s.srv
 	srv.mu.Lock()
 	srv.endLocked(s, why)
-	s.drainOwnLocked()
+	s.drainOwnLocked(true)
 	if log := srv.log(); log.Enabled(context.Background(), slog.LevelDebug) { // no allocations per session otherwise
 		log.Debug("session ended", "remote", s.remote, "lock", s.name, "why", why)
 	}
@@ -512,10 +531,13 @@ func isTimeout(err error) bool {
 }
 
 // joinLocked makes s its lock's holder or last waiter and decides the
-// answer, unless Shutdown ended s while it read its ACQUIRE.
-func (srv *Server) joinLocked(s *session, read time.Time) bool {
-	if s.phase >= phaseEnding {
-		return false
+// answer, unless Shutdown ended s or its lease passed meanwhile.
+func (srv *Server) joinLocked(s *session, read time.Time) error {
+	switch {
+	case s.phase >= phaseEnding:
+		return ErrShuttingDown
+	case time.Since(read) >= s.lease: // Authorize took the whole lease
+		return errExpired
 	}
 	srv.counts.Acquires++
 	l := srv.locks[s.name]
@@ -531,7 +553,7 @@ func (srv *Server) joinLocked(s *session, read time.Time) bool {
 		s.elem = l.waiters.PushBack(s)
 		s.owe(1)
 	}
-	return true
+	return nil
 }
 
 // heartbeatLocked decides the answers to beats heartbeats read at now,
@@ -542,8 +564,9 @@ func (srv *Server) heartbeatLocked(s *session, beats int, now time.Time, bad err
 		return errEnded
 	case now.Sub(s.seen) >= s.lease: // the frame came too late, as a read deadline would say
 		return errExpired
-	case s.owedWaiting+s.owedAcquired > maxOwed:
-		return errUnread
+	}
+	if owed := int(s.owedWaiting + s.owedAcquired); owed+beats > maxOwed {
+		beats, bad = maxOwed-owed, errUnread
 	}
 	if beats > 0 {
 		s.seen = now
@@ -660,7 +683,7 @@ func (srv *Server) wakeLocked(s *session) {
 		srv.wg.Add(1)
 		go func() {
 			srv.mu.Lock()
-			s.drainLocked()
+			s.drainLocked(false)
 			srv.wg.Done()
 		}()
 	}
@@ -668,13 +691,13 @@ func (srv *Server) wakeLocked(s *session) {
 
 // drainOwnLocked writes, on the session's goroutine, what it decided for
 // itself, unless a writer is at work already and will. It unlocks srv.mu.
-func (s *session) drainOwnLocked() {
+func (s *session) drainOwnLocked(own bool) {
 	if s.writing {
 		s.srv.mu.Unlock()
 		return
 	}
 	s.writing = true
-	s.drainLocked()
+	s.drainLocked(own)
 }
 
 // The reasons of a release.
@@ -706,10 +729,10 @@ func releaseReason(why error) string {
 // stop, so a write either sees the stop or fails at once. After a write
 // that failed having begun nothing more is written: the stream may have
 // ended inside a frame.
-func (s *session) drainLocked() {
+func (s *session) drainLocked(own bool) {
 	srv := s.srv
 	for {
-		b, code, due := s.takeLocked()
+		b, code, due := s.takeLocked(own)
 		if b == nil {
 			s.writing = false
 			closing := s.phase == phaseEnding
@@ -760,10 +783,11 @@ var batches = sync.Pool{New: func() any { return new([maxBatch]byte) }}
 
 // takeLocked takes from the outbox, in order, what fits in one write, and
 // returns its bytes (nil for none), the code of the final ERROR if they
-// end with it, and the write's deadline: the io-timeout, or a live
-// session's lease if sooner, since a client that neither reads nor sends
-// is silent.
-func (s *session) takeLocked() (b []byte, code Code, due time.Time) {
+// end with it, and the write's deadline: the io-timeout, or on the
+// session's own goroutine (own) the end of a live session's lease if
+// sooner: a client that neither reads nor sends is silent. (Another
+// writer's deadline would not follow the lease as heartbeats move it.)
+func (s *session) takeLocked(own bool) (b []byte, code Code, due time.Time) {
 	if s.phase == phaseClosed {
 		return nil, 0, due
 	}
@@ -793,7 +817,7 @@ func (s *session) takeLocked() (b []byte, code Code, due time.Time) {
 		s.final = nil
 	}
 	due = time.Now().Add(s.srv.ioTimeout())
-	if s.phase == phaseWaiting || s.phase == phaseHolding { // then lease is set
+	if own && (s.phase == phaseWaiting || s.phase == phaseHolding) { // then lease is set
 		if until := s.seen.Add(s.lease); until.Before(due) {
 			due = until
 		}
@@ -987,10 +1011,8 @@ func (srv *Server) KickWaiter(name, remoteAddr string) (SessionInfo, error) {
 }
 
 // kick ends the session find picks, under srv.mu like every end, and
-// returns without waiting for its socket or its successor's (rule 5). A
-// write its writer took before the stop fails at once, by a past deadline
-// set after the stop, unless drain's check after its own deadline saw the
-// stop: after kick returns, no write but the final ERROR begins.
+// returns without waiting for its socket or its successor's (rule 5);
+// after it, no write but the final ERROR begins (cutLocked).
 func (srv *Server) kick(name, event string, find func(*lock) (*session, error)) (SessionInfo, error) {
 	srv.mu.Lock()
 	s, err := (*session)(nil), ErrNotFound
@@ -1004,12 +1026,21 @@ func (srv *Server) kick(name, event string, find func(*lock) (*session, error)) 
 	info := s.infoLocked()
 	srv.emitLocked(Event{Type: event, Token: info.Token}, s)
 	srv.stopLocked(s, ErrClosedByAdmin)
-	abort := s.writing
-	s.abort = abort
+	cut := srv.cutLocked(s)
 	srv.wakeLocked(s)
 	srv.mu.Unlock()
-	if abort {
-		s.conn.SetWriteDeadline(time.Unix(1, 0))
+	if cut {
+		closeAll(nil, []*session{s})
 	}
 	return info, nil
+}
+
+// cutLocked, right after stopLocked(s), reports whether a write s's writer
+// took before the stop may still begin; the caller then sets a past write
+// deadline, after unlocking. drain checks stopped after setting its own
+// deadline, so a write either sees the stop or fails at once, and a
+// failure before any byte keeps the final ERROR (abort).
+func (srv *Server) cutLocked(s *session) bool {
+	s.abort = s.writing
+	return s.writing
 }
