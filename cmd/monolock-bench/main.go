@@ -7,6 +7,14 @@
 //	hold      K sessions hold or wait and heartbeat every lease/4; heartbeat
 //	          reply latency, and with -pid the server's memory and CPU
 //	detect    a holder goes silent; the time until its waiter is granted
+//	flood     -flooders connections each send one valid ACQUIRE (a lock
+//	          each, or -locks shared), then -burst HEARTBEAT bytes (0x02) in
+//	          one write every -every, reading and discarding the replies
+//	          (-read=false: never reading them); meanwhile one well-behaved
+//	          prober dials, ACQUIREs a lock of its own, reads ACQUIRED and
+//	          closes, a probe every 10ms: its latency, and with -pid the
+//	          server's CPU beside this process's own (the attacker's) and
+//	          the machine's other processes'
 //	null      serve, at -addr, the null server the others can be run against:
 //	          the same socket work as monolock with no lock table
 //
@@ -15,13 +23,15 @@
 //
 // Usage:
 //
-//	monolock-bench [flags] cycle|handover|hold|detect|null
+//	monolock-bench [flags] cycle|handover|hold|detect|flood|null
 package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -50,6 +60,12 @@ type config struct {
 	Sources  int           `json:"sources"`
 	Client   bool          `json:"client"` // through the Go client's Do instead of the raw protocol
 	First    int           `json:"first"`  // index of this process's first session (workers)
+
+	// flood
+	Flooders int           `json:"flooders"`
+	Burst    int           `json:"burst"`
+	Every    time.Duration `json:"every"`
+	Read     bool          `json:"read"`
 }
 
 func main() {
@@ -59,15 +75,19 @@ func main() {
 	fs.IntVar(&c.Workers, "n", 8, "workers (cycle, handover)")
 	fs.DurationVar(&c.Duration, "d", 10*time.Second, "how long to measure")
 	fs.IntVar(&c.Sessions, "sessions", 1000, "sessions to open (hold)")
-	fs.IntVar(&c.Locks, "locks", 0, "locks the sessions share (hold; 0: one each, all holders)")
+	fs.IntVar(&c.Locks, "locks", 0, "locks the sessions share (hold, flood; 0: one each, all holders)")
 	fs.DurationVar(&c.Lease, "lease", 5*time.Second, "lease of every session")
 	fs.IntVar(&c.Sources, "sources", 1, "loopback source addresses to spread connections over: 127.0.0.1, 127.0.0.2, ...")
 	fs.BoolVar(&c.Client, "client", false, "cycle, handover: measure the raw protocol and the Go client's Do in turn, and their ratio")
+	fs.IntVar(&c.Flooders, "flooders", 200, "flooding connections (flood)")
+	fs.IntVar(&c.Burst, "burst", 2048, "HEARTBEAT bytes each flooder writes at once (flood)")
+	fs.DurationVar(&c.Every, "every", 100*time.Millisecond, "how often each flooder writes its burst (flood)")
+	fs.BoolVar(&c.Read, "read", true, "flood: flooders read and discard their replies (false: they never read)")
 	procs := fs.Int("procs", 1, "worker processes to split the connections over (cycle, hold)")
-	pid := fs.Int("pid", 0, "the server's process id, to report its memory and CPU (hold)")
+	pid := fs.Int("pid", 0, "the server's process id, to report its memory and CPU (hold), or its CPU beside this process's and the machine's (flood)")
 	worker := fs.Bool("worker", false, "run as a worker process of another monolock-bench (internal)")
 	fs.Usage = func() {
-		fmt.Fprintln(os.Stderr, "Usage: monolock-bench [flags] cycle|handover|hold|detect|null")
+		fmt.Fprintln(os.Stderr, "Usage: monolock-bench [flags] cycle|handover|hold|detect|flood|null")
 		fs.PrintDefaults()
 	}
 	fs.Parse(os.Args[1:])
@@ -132,6 +152,12 @@ func main() {
 		r.print("heartbeat replies (send to reply)", c.Duration)
 	case "detect":
 		detect(c).print("detections (silent holder's last send to the waiter's ACQUIRED)", 0)
+	case "flood":
+		if c.Flooders < 0 || c.Flooders > 0 && (c.Burst < 1 || c.Every <= 0) {
+			fmt.Fprintln(os.Stderr, "flood: -flooders must not be negative, -burst must be positive, -every must be positive")
+			os.Exit(2)
+		}
+		flood(c, *pid)
 	default:
 		fs.Usage()
 		os.Exit(2)
@@ -524,6 +550,211 @@ func detect(c config) result {
 	return r
 }
 
+// flood's prober starts a probe every probeEvery (at once after one that
+// took longer); its window opens floodWarmup after the bursts begin.
+const (
+	probeEvery  = 10 * time.Millisecond
+	floodWarmup = time.Second
+)
+
+// flood opens c.Flooders sessions, each with one valid ACQUIRE (a lock of
+// its own, or with -locks, one of that many), then has each write c.Burst
+// HEARTBEAT bytes at once every c.Every, spread evenly over the interval. A
+// write the server does not take blocks its flooder, and a burst that is late
+// does not make up for the ones it missed. A flooder whose connection ends
+// dials again. After floodWarmup, one prober measures dial to ACQUIRED on a
+// lock of its own for c.Duration; with pid, the server's CPU, this
+// process's and the machine's other processes' over the same window are
+// printed.
+func flood(c config, pid int) {
+	var (
+		stop                   atomic.Bool
+		bursts, sent, received atomic.Int64
+		reconnects, dialErrors atomic.Int64
+		mu                     sync.Mutex
+		conns                  = map[net.Conn]struct{}{} // every flooder's connection, closed at the end
+		wg                     sync.WaitGroup
+	)
+	stamp := strconv.FormatInt(time.Now().UnixNano(), 36) // names of this run alone
+	errStopped := errors.New("stopped")
+	// open dials, ACQUIREs and reads the first reply, WAITING or ACQUIRED;
+	// with -read, a goroutine then reads and discards everything else.
+	open := func(i int) (net.Conn, error) {
+		name := "flood-" + stamp + "-" + strconv.Itoa(i)
+		if c.Locks > 0 {
+			name = "flood-" + stamp + "-lock-" + strconv.Itoa(i%c.Locks)
+		}
+		conn, err := dial(c)
+		if err != nil {
+			return nil, err
+		}
+		conn.SetDeadline(time.Now().Add(10 * time.Second))
+		_, err = conn.Write(acquireFrame(name, c.Lease))
+		var f monolock.Frame
+		if err == nil {
+			f, err = monolock.ReadFrame(conn)
+		}
+		if err == nil && f.Type == monolock.TypeError {
+			err = &monolock.ServerError{Code: f.Code, Reason: f.Reason}
+		}
+		if err != nil {
+			conn.Close()
+			return nil, err
+		}
+		conn.SetDeadline(time.Time{})
+		mu.Lock()
+		defer mu.Unlock()
+		if stop.Load() {
+			conn.Close()
+			return nil, errStopped
+		}
+		conns[conn] = struct{}{}
+		if c.Read {
+			wg.Go(func() {
+				buf := make([]byte, 64<<10)
+				for {
+					n, err := conn.Read(buf)
+					received.Add(int64(n))
+					if err != nil {
+						return
+					}
+				}
+			})
+		}
+		return conn, nil
+	}
+
+	rampStart := time.Now()
+	var opened []net.Conn
+	failed := 0
+	for i := range c.Flooders {
+		conn, err := open(i)
+		if err != nil {
+			if failed++; failed == 1 {
+				fmt.Fprintf(os.Stderr, "flooder %d: %v\n", i, err)
+			}
+			continue
+		}
+		opened = append(opened, conn)
+	}
+	readMode := "reading and discarding their replies"
+	if !c.Read {
+		readMode = "never reading their replies"
+	}
+	locks := "a lock each, all holders"
+	if c.Locks > 0 {
+		locks = fmt.Sprintf("%d lock(s) shared", c.Locks)
+	}
+	fmt.Printf("flooders open: %d (%d failed) in %v, %s; each writes %d HEARTBEAT bytes every %v, %s\n",
+		len(opened), failed, time.Since(rampStart).Round(time.Millisecond), locks, c.Burst, c.Every, readMode)
+
+	burst := bytes.Repeat([]byte{monolock.TypeHeartbeat}, c.Burst)
+	begin := time.Now()
+	for i, conn := range opened {
+		wg.Go(func() {
+			next := begin.Add(c.Every * time.Duration(i) / time.Duration(len(opened)))
+			for {
+				time.Sleep(time.Until(next))
+				if stop.Load() {
+					return
+				}
+				if _, err := conn.Write(burst); err != nil {
+					mu.Lock()
+					delete(conns, conn)
+					mu.Unlock()
+					conn.Close()
+					for {
+						if stop.Load() {
+							return
+						}
+						if conn, err = open(i); err == nil {
+							break
+						}
+						dialErrors.Add(1)
+						time.Sleep(100 * time.Millisecond)
+					}
+					reconnects.Add(1)
+					next = time.Now()
+					continue
+				}
+				bursts.Add(1)
+				sent.Add(int64(len(burst)))
+				next = next.Add(c.Every)
+				if now := time.Now(); next.Before(now) {
+					next = now // late: the missed bursts are not made up
+				}
+			}
+		})
+	}
+
+	time.Sleep(floodWarmup)
+	var server0, self0 procStat
+	var machine0 float64
+	if pid != 0 {
+		server0, self0, machine0 = readProc(pid), readProc(os.Getpid()), machineTicks()
+	}
+	bursts0, sent0, received0 := bursts.Load(), sent.Load(), received.Load()
+	reconnects0, dialErrors0 := reconnects.Load(), dialErrors.Load()
+	windowAt := time.Now()
+	var r result
+	prefix := "flood-probe-" + stamp + "-"
+	for i := 0; ; i++ {
+		start := time.Now()
+		if !start.Before(windowAt.Add(c.Duration)) {
+			break
+		}
+		if err := probe(c, prefix+strconv.Itoa(i), start); err != nil {
+			if r.Errors++; r.Errors == 1 {
+				fmt.Fprintf(os.Stderr, "probe %d: %v\n", i, err)
+			}
+		} else {
+			r.Samples = append(r.Samples, time.Since(start))
+		}
+		time.Sleep(time.Until(start.Add(probeEvery)))
+	}
+	window := time.Since(windowAt)
+	var server1, self1 procStat
+	var machine1 float64
+	if pid != 0 {
+		server1, self1, machine1 = readProc(pid), readProc(os.Getpid()), machineTicks()
+	}
+	nb, ns, nr := bursts.Load()-bursts0, sent.Load()-sent0, received.Load()-received0
+	nc, nd := reconnects.Load()-reconnects0, dialErrors.Load()-dialErrors0
+
+	stop.Store(true)
+	mu.Lock()
+	for conn := range conns {
+		conn.Close()
+	}
+	mu.Unlock()
+	wg.Wait()
+
+	fmt.Printf("window %v: %d bursts written (about %.0f scheduled), %.1f MB of HEARTBEATs sent (%.0f/s), %.1f MB of replies read, %d reconnects (%d failed dials)\n",
+		window.Round(time.Millisecond), nb, float64(len(opened))*window.Seconds()/c.Every.Seconds(),
+		float64(ns)/1e6, float64(ns)/window.Seconds(), float64(nr)/1e6, nc, nd)
+	if pid != 0 {
+		pct := func(ticks float64) float64 { return 100 * ticks / clockTicks / window.Seconds() }
+		server, self := server1.ticks-server0.ticks, self1.ticks-self0.ticks
+		fmt.Printf("CPU over the window, in %% of one core: server %.1f%%, monolock-bench (the flooders and the prober) %.1f%%, the machine's other processes %.1f%%\n",
+			pct(server), pct(self), pct(machine1-machine0-server-self))
+	}
+	r.print("prober acquires (dial to ACQUIRED, a lock of its own)", window.Round(time.Millisecond))
+}
+
+// probe dials, ACQUIREs name, reads ACQUIRED and closes, within 30s of start.
+func probe(c config, name string, start time.Time) error {
+	conn, err := dial(c)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	conn.SetDeadline(start.Add(30 * time.Second))
+	if _, err := conn.Write(acquireFrame(name, c.Lease)); err != nil {
+		return err
+	}
+	return readGrant(conn)
+}
+
 // raiseFileLimit raises the soft descriptor limit to the hard one.
 func raiseFileLimit() uint64 {
 	var l syscall.Rlimit
@@ -537,6 +768,25 @@ func raiseFileLimit() uint64 {
 }
 
 const clockTicks = 100 // USER_HZ on Linux
+
+// machineTicks is the CPU the whole machine spent, in ticks: user, nice,
+// system, irq, softirq and steal from /proc/stat.
+func machineTicks() float64 {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return 0
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	f := strings.Fields(line) // cpu user nice system idle iowait irq softirq steal ...
+	total := 0.0
+	for _, i := range []int{1, 2, 3, 6, 7, 8} {
+		if i < len(f) {
+			v, _ := strconv.ParseFloat(f[i], 64)
+			total += v
+		}
+	}
+	return total
+}
 
 type procStat struct {
 	rss   int64   // bytes
