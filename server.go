@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"maps"
 	"net"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -497,11 +498,20 @@ func (s *session) run() {
 }
 
 // end ends the session for a cause its own goroutine met, if not ended
-// already, writes what it owes (drain then closes) and retires.
+// already, writes what it owes (drain then closes) and retires. After a
+// promotion it first yields, so that the push's writer goroutine, likely
+// next on this processor, goes before this session's own close: a
+// handover then takes no longer than with the push written inline.
 func (s *session) end(why error) {
 	srv := s.srv
 	srv.mu.Lock()
+	grants := srv.counts.Grants
 	srv.endLocked(s, why)
+	if srv.counts.Grants != grants {
+		srv.mu.Unlock()
+		runtime.Gosched()
+		srv.mu.Lock()
+	}
 	s.drainOwnLocked(true)
 	if log := srv.log(); log.Enabled(context.Background(), slog.LevelDebug) { // no allocations per session otherwise
 		log.Debug("session ended", "remote", s.remote, "lock", s.name, "why", why)
