@@ -334,8 +334,8 @@ var (
 )
 
 const (
-	maxOwed    = 1 << 16               // what a session may owe while a writer is stuck on it
-	floodPause = 10 * time.Millisecond // after a read of more than one byte: see run
+	maxOwed    = 1 << 16          // what a session may owe while a writer is stuck on it
+	floodPause = time.Millisecond // a byte, after a read of more than one: see run
 )
 
 // serve handshakes and reads the ACQUIRE; once the session joined the
@@ -443,9 +443,10 @@ func (s *session) Read(p []byte) (int, error) {
 // len(rbuf) bytes at a time, answered in one write before the next read,
 // so a client that does not read is held back by its own socket. After a
 // read of more than one byte, which a client with one heartbeat in flight
-// never causes, the goroutine sleeps for floodPause: a flood costs the
-// server a bounded rate of reads, and leaves the processors idle often
-// enough for the runtime to poll the network for everyone else.
+// never causes, the goroutine sleeps floodPause a byte: a flood is
+// answered at most a thousand heartbeats a second, and leaves the
+// processors idle often enough for the runtime to poll the network for
+// everyone else.
 func (s *session) run() {
 	srv := s.srv
 	srv.mu.Lock()
@@ -456,7 +457,7 @@ func (s *session) run() {
 		return
 	}
 	for {
-		flood := false
+		var pause time.Duration
 		if s.r == s.w {
 			s.conn.SetReadDeadline(deadline)
 			n, err := s.conn.Read(s.rbuf[:])
@@ -467,7 +468,9 @@ func (s *session) run() {
 				s.end(err)
 				return
 			}
-			s.r, s.w, flood = 0, uint8(n), n > 1
+			if s.r, s.w = 0, uint8(n); n > 1 {
+				pause = time.Duration(n) * floodPause
+			}
 		}
 		now := time.Now()
 		beats := 0
@@ -491,8 +494,8 @@ func (s *session) run() {
 		}
 		s.drainOwnLocked(true)
 		deadline = now.Add(s.lease)
-		if flood {
-			time.Sleep(floodPause)
+		if pause > 0 {
+			time.Sleep(pause)
 		}
 	}
 }
