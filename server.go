@@ -1,6 +1,7 @@
 package monolock
 
 import (
+	"cmp"
 	"container/list"
 	"context"
 	"crypto/tls"
@@ -123,7 +124,7 @@ type session struct {
 	// an ACQUIRED, as the phase only moves forward.
 	owedWaiting, owedAcquired uint32
 	final                     error       // the final ERROR's cause, while ending
-	writing, abort            bool        // a goroutine has the writer's role; kick cut its write short
+	writing                   bool        // a goroutine has the writer's role
 	stopped                   atomic.Bool // stopLocked ended it; read without srv.mu by drain only
 	wbuf                      [9]byte
 
@@ -635,6 +636,8 @@ func (srv *Server) endLocked(s *session, why error) {
 	s.phase, s.final = phaseEnding, nil
 	if _, ok := codeOf(why); ok {
 		s.final = why
+	} else { // an end without a word: nothing more is written
+		s.owedWaiting, s.owedAcquired = 0, 0
 	}
 	l := s.lock
 	if l == nil {
@@ -738,14 +741,15 @@ func releaseReason(why error) string {
 // owed, writes it with srv.mu released, and repeats until nothing is left,
 // then closes the connection of an ending session. A batch taken before
 // stopLocked and not yet begun is dropped (rule 3): stopped is checked
-// after the deadline is set, and kick sets its past deadline after the
-// stop, so a write either sees the stop or fails at once. After a write
-// that failed having begun nothing more is written: the stream may have
-// ended inside a frame.
+// after the deadline is set, and a stopper sets a past deadline after the
+// stop (cutLocked), so a write either sees the stop or fails before its
+// own deadline with nothing sent; the stream is then whole, and a final
+// ERROR in that write is owed again. After any other failed write nothing
+// more is written: the stream may have ended inside a frame.
 func (s *session) drainLocked(own bool) {
 	srv := s.srv
 	for {
-		b, code, due := s.takeLocked(own)
+		b, fin, due := s.takeLocked(own)
 		if b == nil {
 			s.writing = false
 			closing := s.phase == phaseEnding
@@ -771,11 +775,11 @@ func (s *session) drainLocked(own bool) {
 			batches.Put((*[maxBatch]byte)(b[:maxBatch]))
 		}
 		srv.mu.Lock()
-		switch {
-		case err == nil && code != 0 && !late:
+		switch code, _ := codeOf(fin); {
+		case err == nil && fin != nil:
 			srv.counts.Errors[code]++
-		case err != nil && s.abort && n == 0: // kick's deadline, before any byte
-			s.abort = false
+		case err != nil && n == 0 && isTimeout(err) && time.Now().Before(due): // cut
+			s.final = cmp.Or(s.final, fin)
 		case err != nil:
 			if isTimeout(err) {
 				err = errIOTimeout
@@ -795,14 +799,14 @@ const maxBatch = 1024
 var batches = sync.Pool{New: func() any { return new([maxBatch]byte) }}
 
 // takeLocked takes from the outbox, in order, what fits in one write, and
-// returns its bytes (nil for none), the code of the final ERROR if they
-// end with it, and the write's deadline: the io-timeout, or on the
-// session's own goroutine (own) the end of a live session's lease if
-// sooner: a client that neither reads nor sends is silent. (Another
-// writer's deadline would not follow the lease as heartbeats move it.)
-func (s *session) takeLocked(own bool) (b []byte, code Code, due time.Time) {
+// returns its bytes (nil for none), the final ERROR's cause if they end
+// with it, and the write's deadline: the io-timeout, or on the session's
+// own goroutine (own) the end of a live session's lease if sooner: a
+// client that neither reads nor sends is silent. (Another writer's
+// deadline would not follow the lease as heartbeats move it.)
+func (s *session) takeLocked(own bool) (b []byte, fin error, due time.Time) {
 	if s.phase == phaseClosed {
-		return nil, 0, due
+		return nil, nil, due
 	}
 	size := int(s.owedWaiting) + 9*int(s.owedAcquired)
 	if s.final != nil {
@@ -810,7 +814,7 @@ func (s *session) takeLocked(own bool) (b []byte, code Code, due time.Time) {
 	}
 	switch {
 	case size == 0:
-		return nil, 0, due
+		return nil, nil, due
 	case size <= len(s.wbuf):
 		b = s.wbuf[:0]
 	default:
@@ -823,11 +827,11 @@ func (s *session) takeLocked(own bool) (b []byte, code Code, due time.Time) {
 		b = binary.BigEndian.AppendUint64(append(b, TypeAcquired), s.token)
 	}
 	if s.final != nil && s.owedWaiting == 0 && s.owedAcquired == 0 && len(b)+3+MaxReasonLen <= maxBatch {
-		code, _ = codeOf(s.final)
-		reason := s.final.Error()
+		fin, s.final = s.final, nil
+		code, _ := codeOf(fin)
+		reason := fin.Error()
 		reason = strings.ToValidUTF8(reason[:min(len(reason), MaxReasonLen)], "") // a cut rune goes
 		b, _ = Frame{Type: TypeError, Code: code, Reason: reason}.AppendBinary(b)
-		s.final = nil
 	}
 	due = time.Now().Add(s.srv.ioTimeout())
 	if own && (s.phase == phaseWaiting || s.phase == phaseHolding) { // then lease is set
@@ -835,7 +839,7 @@ func (s *session) takeLocked(own bool) (b []byte, code Code, due time.Time) {
 			due = until
 		}
 	}
-	return b, code, due
+	return b, fin, due
 }
 
 // Event is what OnEvent is told. Type says which of the fields are set.
@@ -1050,10 +1054,11 @@ func (srv *Server) kick(name, event string, find func(*lock) (*session, error)) 
 
 // cutLocked, right after stopLocked(s), reports whether a write s's writer
 // took before the stop may still begin; the caller then sets a past write
-// deadline, after unlocking. drain checks stopped after setting its own
-// deadline, so a write either sees the stop or fails at once, and a
-// failure before any byte keeps the final ERROR (abort).
+// deadline, after unlocking (see drainLocked). Not over TLS, which keeps
+// any write error for good and so would lose the final ERROR: there the
+// check of stopped after the deadline is all, and a write that passed it
+// an instant before the stop may still begin.
 func (srv *Server) cutLocked(s *session) bool {
-	s.abort = s.writing
-	return s.writing
+	_, isTLS := s.conn.(*tls.Conn)
+	return s.writing && !isTLS
 }
