@@ -30,6 +30,37 @@ const wait = 10 * time.Second
 // once; it only bounds a failure.
 const soon = 5 * time.Second
 
+// overrun is how long after its bound a test lets the server act, in real
+// time, on this noisy machine. Every bound checked with it is short enough
+// that bound+overrun is below DefaultIOTimeout: a server that used the
+// default instead of the configured value fails.
+const overrun = 2 * time.Second
+
+// inBound checks that something the server does at a bound happened d
+// after a clock that the test started no later than the server's own (for
+// an accept, before the dial; for a read, before the send): not before the
+// bound, and not more than overrun after it.
+func inBound(t testing.TB, what string, d, bound time.Duration) {
+	t.Helper()
+	switch {
+	case d < bound:
+		t.Errorf("%s after %v, before the bound of %v", what, d, bound)
+	case d > bound+overrun:
+		t.Errorf("%s after %v, more than %v after the bound of %v", what, d, overrun, bound)
+	}
+}
+
+// atInstant checks, in fake time (testing/synctest), that something the
+// server does at a deadline happened d after the clock's start: at want,
+// as the bubble's clock moves only when every goroutine waits, or within
+// 10ms of it for a pause of the server's own, never before.
+func atInstant(t testing.TB, what string, d, want time.Duration) {
+	t.Helper()
+	if d < want || d > want+10*time.Millisecond {
+		t.Errorf("%s at %v, want %v (fake time)", what, d, want)
+	}
+}
+
 // raceEnabled: the race detector is on, and stacks are larger under it.
 // The test binary's build settings say so ("-race" is "true").
 var raceEnabled = func() bool {
@@ -259,6 +290,7 @@ type watchedListener struct {
 	net.Listener
 	mu      sync.Mutex
 	writing map[string]time.Time // by the client's address
+	failed  map[string]time.Time // by the client's address: the start of its first failed write
 }
 
 func (l *watchedListener) Accept() (net.Conn, error) {
@@ -285,17 +317,31 @@ type watchedConn struct {
 	l *watchedListener
 }
 
+// failedWrite says when the first write to client that failed began.
+func (l *watchedListener) failedWrite(client string) (time.Time, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	began, ok := l.failed[client]
+	return began, ok
+}
+
 func (c watchedConn) Write(b []byte) (int, error) {
 	client := c.RemoteAddr().String()
+	began := time.Now()
 	c.l.mu.Lock()
-	c.l.writing[client] = time.Now()
+	c.l.writing[client] = began
 	c.l.mu.Unlock()
-	defer func() {
-		c.l.mu.Lock()
-		delete(c.l.writing, client)
-		c.l.mu.Unlock()
-	}()
-	return c.Conn.Write(b)
+	n, err := c.Conn.Write(b)
+	c.l.mu.Lock()
+	delete(c.l.writing, client)
+	if _, seen := c.l.failed[client]; err != nil && !seen {
+		if c.l.failed == nil {
+			c.l.failed = map[string]time.Time{}
+		}
+		c.l.failed[client] = began
+	}
+	c.l.mu.Unlock()
+	return n, err
 }
 
 // stuckHolder makes a holder of name that floods heartbeats and never

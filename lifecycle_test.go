@@ -1726,3 +1726,396 @@ func TestPushWriterKeepsToTheIOTimeout(t *testing.T) {
 		}
 	})
 }
+
+// Shutdown's ERROR 0x01 is a write like any other, bounded by the
+// io-timeout (400ms here). To clients that do not read (a holder, a waiter
+// and a connection that has sent nothing) it blocks; Shutdown returns when
+// the io-timeout has passed since it began, not before (a client that
+// reads late, within it, still gets its ERROR) and not later; a client
+// that reads gets its ERROR at once. Fake time over pipes, which hold no
+// byte: a write to a client that does not read blocks at once.
+func TestShutdownFinalErrorIsBoundedByTheIOTimeout(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const ioTimeout = 400 * time.Millisecond
+		srv := &Server{IOTimeout: ioTimeout}
+		l := newPipeListener()
+		served := make(chan error, 1)
+		go func() { served <- srv.Serve(l) }()
+		defer srv.Close()
+
+		hc := l.dial("h") // holds x, then reads nothing
+		sendFrames(t, hc, acquire("x", time.Minute))
+		mustRead(t, hc, TypeAcquired)
+		wc := l.dial("w") // waits for x, then reads nothing
+		sendFrames(t, wc, acquire("x", time.Minute))
+		mustRead(t, wc, TypeWaiting)
+		fc := l.dial("f")    // sends nothing, reads nothing
+		sc := l.dial("slow") // holds y, and reads just before the io-timeout
+		sendFrames(t, sc, acquire("y", time.Minute))
+		mustRead(t, sc, TypeAcquired)
+		rc := l.dial("r") // holds z, and reads
+		r := watch("r", rc)
+		sendFrames(t, rc, acquire("z", time.Minute))
+		r.next(t, TypeAcquired)
+		time.Sleep(100 * time.Millisecond) // f's wait for a first byte ends during the Shutdown
+
+		start := time.Now()
+		shut := make(chan error, 1)
+		go func() { shut <- srv.Shutdown(context.Background()) }()
+		if f := r.next(t, TypeError); f.Code != CodeShuttingDown {
+			t.Errorf("r got %+v, want ERROR 0x01", f)
+		}
+		atInstant(t, "r's ERROR 0x01", time.Since(start), 0)
+		time.Sleep(ioTimeout - 50*time.Millisecond)
+		if f := mustRead(t, sc, TypeError); f.Code != CodeShuttingDown {
+			t.Errorf("slow got %+v, want ERROR 0x01", f)
+		}
+		select {
+		case err := <-shut:
+			if err != nil {
+				t.Errorf("Shutdown: %v", err)
+			}
+		case <-time.After(time.Minute):
+			t.Fatal("Shutdown did not return within a (fake) minute")
+		}
+		atInstant(t, "Shutdown returned", time.Since(start), ioTimeout)
+		for name, c := range map[string]net.Conn{"h": hc, "w": wc, "f": fc} {
+			if fs := readRest(c); len(fs) != 0 {
+				t.Errorf("%s, which did not read, read %s afterwards, want nothing: its ERROR timed out before its first byte", name, showFrames(fs))
+			}
+		}
+		await(t, served, "Serve's return")
+	})
+}
+
+// A session silent for longer than its lease (300ms, chosen by the client)
+// is closed, holding or waiting, at the lease counted from the last frame
+// the server read: not before it, and not long after (the io-timeout, 10s
+// here, has no part in it). A holder's lock goes to the next waiter, as
+// expired; a waiter's end is no release.
+func TestLeaseEndsSilentSessions(t *testing.T) {
+	const lease = 300 * time.Millisecond
+	srv := &Server{IOTimeout: 10 * time.Second}
+	addr := startServer(t, srv)
+	t.Run("holder", func(t *testing.T) {
+		h, w := dialRaw(t, addr), dialRaw(t, addr)
+		w.patience = lease + overrun
+		start := time.Now() // before the ACQUIRE: lastSeenAt is its read
+		h.send(acquire("holder", lease))
+		h.expectAcquired()
+		w.send(acquire("holder", time.Minute))
+		w.expectWaiting()
+		w.expectAcquired()
+		inBound(t, "the silent holder's lock went to its waiter", time.Since(start), lease)
+		h.expectClosed(wait) // nothing but the close
+	})
+	t.Run("holder after heartbeats", func(t *testing.T) {
+		h := dialRaw(t, addr)
+		h.send(acquire("beating", lease))
+		token := h.expectAcquired()
+		w := dialRaw(t, addr)
+		w.patience = lease + overrun
+		w.send(acquire("beating", time.Minute))
+		w.expectWaiting()
+		var last time.Time
+		for range 12 { // 2 leases in all
+			time.Sleep(lease / 6)
+			last = time.Now()
+			h.send(heartbeat)
+			h.expect(Frame{Type: TypeAcquired, Token: token})
+		}
+		w.expectAcquired()
+		inBound(t, "the holder's lock went to its waiter after its last heartbeat", time.Since(last), lease)
+		h.expectClosed(wait)
+	})
+	t.Run("waiter", func(t *testing.T) {
+		h := dialRaw(t, addr)
+		h.send(acquire("waited", time.Minute))
+		token := h.expectAcquired()
+		w := dialRaw(t, addr)
+		start := time.Now()
+		w.send(acquire("waited", lease))
+		w.expectWaiting()
+		w.expectClosed(wait)
+		inBound(t, "the silent waiter was closed", time.Since(start), lease)
+		h.send(heartbeat)
+		h.expect(Frame{Type: TypeAcquired, Token: token})
+		if info, _ := srv.Lock("waited"); len(info.Waiters) != 0 {
+			t.Errorf("the queue after the waiter's lease: %+v", info.Waiters)
+		}
+	})
+	if st := srv.Stats(); st.Releases[ReasonExpired] != 2 || st.Releases[ReasonIOTimeout] != 0 {
+		t.Errorf("Releases = %v, want the two silent holders' as expired (and the closes of the others)", st.Releases)
+	}
+}
+
+// A HEARTBEAT that the server decides once the lease has passed since
+// lastSeenAt (at lastSeenAt + lease exactly, or after) is not answered: the
+// session is closed as expired, its lock goes to the next waiter, and the
+// heartbeat is not counted. One decided before the lease passed is
+// answered. The HEARTBEAT is sent at 150ms of a 300ms lease; a hook holds
+// the server's goroutine between its read and its decision. Fake time.
+func TestHeartbeatAfterTheLeaseIsNotAnswered(t *testing.T) {
+	const lease, sentAt = 300 * time.Millisecond, 150 * time.Millisecond
+	for _, tc := range []struct {
+		name   string
+		waiter bool          // the late one waits behind a holder, instead of holding
+		stall  time.Duration // between the HEARTBEAT's read and its decision
+	}{
+		{"holder, decided before the lease passed", false, 100 * time.Millisecond},
+		{"holder, decided as the lease passes", false, 150 * time.Millisecond},
+		{"holder, decided after the lease passed", false, 400 * time.Millisecond},
+		{"waiter, decided before the lease passed", true, 100 * time.Millisecond},
+		{"waiter, decided after the lease passed", true, 400 * time.Millisecond},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				srv := &Server{IOTimeout: 10 * time.Second}
+				n := newProbeNet(t)
+				served := make(chan error, 1)
+				go func() { served <- srv.Serve(n) }()
+				defer srv.Close()
+				late := sentAt+tc.stall >= lease
+
+				// first holds x, second waits behind it. The late one,
+				// holder or waiter, has the lease of 300ms and a hook that
+				// holds the server's goroutine after the read of its
+				// HEARTBEAT; the other has a minute.
+				var armed atomic.Bool
+				join := func(name string, lease time.Duration, hooked bool) (net.Conn, *clientStream) {
+					c, s := n.pair(name)
+					if hooked {
+						s.afterRead = func(b []byte, _ error) {
+							if armed.Load() && len(b) > 0 {
+								time.Sleep(tc.stall)
+							}
+						}
+					}
+					n.accept(s)
+					sendFrames(t, c, acquire("x", lease))
+					return c, watch(name, c)
+				}
+				firstLease, secondLease := lease, time.Minute
+				if tc.waiter {
+					firstLease, secondLease = time.Minute, lease
+				}
+				firstC, first := join("first", firstLease, !tc.waiter)
+				token := first.next(t, TypeAcquired).Token
+				start := time.Now() // lastSeenAt of both
+				secondC, second := join("second", secondLease, tc.waiter)
+				second.next(t, TypeWaiting)
+				lateC, lateS, other, answer := firstC, first, second, byte(TypeAcquired)
+				if tc.waiter {
+					lateC, lateS, other, answer = secondC, second, first, TypeWaiting
+				}
+				time.Sleep(sentAt)
+				armed.Store(true)
+				sendFrames(t, lateC, heartbeat)
+				switch {
+				case !late:
+					lateS.next(t, answer)
+					atInstant(t, "the heartbeat's answer", time.Since(start), sentAt+tc.stall)
+					if h := srv.Stats().Heartbeats; h != 1 {
+						t.Errorf("Heartbeats = %d, want 1", h)
+					}
+				case tc.waiter:
+					expectStream(t, lateS, waitingFrame) // closed, unanswered
+					if d := time.Since(start); d < lease || d > sentAt+tc.stall {
+						t.Errorf("the late waiter was closed at %v, want between the lease (%v) and the heartbeat's decision (%v)", d, lease, sentAt+tc.stall)
+					}
+					synctest.Wait()
+					if st := srv.Stats(); st.Heartbeats != 0 || st.Waiters != 0 || st.LocksHeld != 1 || len(nonzero(st.Releases)) != 0 {
+						t.Errorf("stats after a waiter's late heartbeat: %+v; want no heartbeat, no waiter, the holder, no release", st)
+					}
+				default:
+					other.next(t, TypeAcquired)
+					if d := time.Since(start); d < lease || d > sentAt+tc.stall {
+						t.Errorf("the lock went to the waiter at %v, want between the lease (%v) and the heartbeat's decision (%v)", d, lease, sentAt+tc.stall)
+					}
+					expectStream(t, lateS, acquiredFrame(token)) // the grant only: the heartbeat is not answered
+					synctest.Wait()
+					if st := srv.Stats(); st.Heartbeats != 0 || st.Releases[ReasonExpired] != 1 {
+						t.Errorf("Heartbeats = %d, Releases = %v; want no heartbeat, one release as expired", st.Heartbeats, st.Releases)
+					}
+				}
+				shutdownNow(t, srv, served)
+			})
+		})
+	}
+}
+
+// A write to a holder that neither reads nor sends is bounded by its lease
+// as well as by the io-timeout: with an io-timeout of 10s and a lease of
+// 300ms, a holder that never reads its ACQUIRED, or the reply to its last
+// HEARTBEAT, is closed as expired at lastSeenAt + lease, and its lock goes
+// to the next waiter then, not at the io-timeout. Fake time over pipes.
+func TestBlockedWriteEndsAtTheLease(t *testing.T) {
+	const lease = 300 * time.Millisecond
+	for _, tc := range []struct {
+		name   string
+		beatAt time.Duration // 0: no heartbeat, the ACQUIRED is not read
+	}{
+		{"its ACQUIRED unread", 0},
+		{"the reply to its HEARTBEAT unread", 200 * time.Millisecond},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				var log eventLog
+				srv := &Server{IOTimeout: 10 * time.Second, OnEvent: log.add}
+				l := newPipeListener()
+				served := make(chan error, 1)
+				go func() { served <- srv.Serve(l) }()
+				defer srv.Close()
+				hc := l.dial("h")
+				start := time.Now()
+				sendFrames(t, hc, acquire("x", lease))
+				if tc.beatAt > 0 {
+					mustRead(t, hc, TypeAcquired)
+				}
+				wc := l.dial("w")
+				w := watch("w", wc)
+				sendFrames(t, wc, acquire("x", time.Minute))
+				w.next(t, TypeWaiting)
+				if tc.beatAt > 0 {
+					time.Sleep(tc.beatAt)
+					sendFrames(t, hc, heartbeat)
+				}
+				w.next(t, TypeAcquired)
+				atInstant(t, "the lock went to the waiter", time.Since(start), tc.beatAt+lease)
+				if fs := readRest(hc); len(fs) != 0 {
+					t.Errorf("h read %s afterwards, want nothing: the write timed out before its first byte", showFrames(fs))
+				}
+				synctest.Wait()
+				if st := srv.Stats(); st.Releases[ReasonExpired] != 1 || st.Releases[ReasonIOTimeout] != 0 {
+					t.Errorf("Releases = %v, want one, as expired", st.Releases)
+				}
+				shutdownNow(t, srv, served)
+			})
+		})
+	}
+}
+
+// While another writer is stuck on a session (here the push of its
+// promotion, to a client that reads nothing), its own goroutine reads on
+// and counts the answers it owes: up to 65,536 the session lives; one
+// more heartbeat closes it without an ERROR, and its lock goes to the next
+// waiter. An end without an ERROR writes nothing more: the client, reading
+// at last, gets the push, whose write was under way, then the end of the
+// stream. Fake time (the session pauses after each read of more than one
+// byte).
+func TestOwedAnswersAreBounded(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const long = 10 * time.Minute // leases and io-timeout: longer than the flood takes
+		srv := &Server{IOTimeout: long}
+		l := newPipeListener()
+		served := make(chan error, 1)
+		go func() { served <- srv.Serve(l) }()
+		defer srv.Close()
+		hc := l.dial("h")
+		h := watch("h", hc)
+		sendFrames(t, hc, acquire("x", long))
+		h.next(t, TypeAcquired)
+		wc := l.dial("w")
+		sendFrames(t, wc, acquire("x", long))
+		mustRead(t, wc, TypeWaiting) // and nothing more, until the end
+		nc := l.dial("n")
+		next := watch("n", nc)
+		sendFrames(t, nc, acquire("x", long))
+		next.next(t, TypeWaiting)
+		hc.Close()
+		synctest.Wait() // w is promoted; its push is blocked
+		if who := holderOf(srv, "x"); who != "w" {
+			t.Fatalf("x is held by %q, want w", who)
+		}
+
+		beats := func(n int) {
+			wc.SetWriteDeadline(time.Now().Add(long))
+			if _, err := wc.Write(bytes.Repeat([]byte{TypeHeartbeat}, n)); err != nil {
+				t.Fatalf("w's heartbeats: %v", err)
+			}
+			synctest.Wait()
+		}
+		beats(maxOwed)
+		if who, st := holderOf(srv, "x"), srv.Stats(); who != "w" || st.Heartbeats != maxOwed || st.Waiters != 1 {
+			t.Fatalf("after %d heartbeats owed: x held by %q, Heartbeats = %d, Waiters = %d; want w, %d, 1",
+				maxOwed, who, st.Heartbeats, st.Waiters, maxOwed)
+		}
+		beats(1)
+		next.next(t, TypeAcquired)
+		if fs := frames(t, readStream(t, wc)); len(fs) != 1 || fs[0].Type != TypeAcquired {
+			t.Errorf("w read %d frames, the first %s; want the push alone and the close", len(fs), showFrames(fs[:min(len(fs), 1)]))
+		}
+		if h := srv.Stats().Heartbeats; h != maxOwed {
+			t.Errorf("Heartbeats = %d, want %d: the one past the bound is not answered", h, maxOwed)
+		}
+		shutdownNow(t, srv, served)
+	})
+}
+
+// After a read of n > 1 bytes (a client with more than one HEARTBEAT in
+// flight), the session's goroutine pauses n * floodPause (1ms a byte)
+// before it reads again: heartbeats sent in one write (2, then 32, the
+// most one read takes) get all their answers, in order, at once, and the
+// next write's only after the pause. A client with one heartbeat in
+// flight is never paused. Fake time: exact.
+func TestFloodPauseAfterAMultiByteRead(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		srv := &Server{}
+		l := newPipeListener()
+		served := make(chan error, 1)
+		go func() { served <- srv.Serve(l) }()
+		defer srv.Close()
+		hc := l.dial("h")
+		h := watch("h", hc)
+		sendFrames(t, hc, acquire("x", time.Minute))
+		h.next(t, TypeAcquired)
+		wc := l.dial("w")
+		w := watch("w", wc)
+		sendFrames(t, wc, acquire("x", time.Minute))
+		w.next(t, TypeWaiting)
+
+		answered := 0
+		bursts := func(typ byte) {
+			t.Helper()
+			for _, n := range []int{2, 32} {
+				time.Sleep(time.Second)
+				start := time.Now()
+				for i, wantAt := range []time.Duration{0, time.Duration(n) * floodPause} {
+					sendRaw(t, wc, bytes.Repeat([]byte{TypeHeartbeat}, n))
+					for range n {
+						w.next(t, typ)
+					}
+					answered += n
+					if d := time.Since(start); d != wantAt {
+						t.Errorf("the answers to write %d of %d heartbeats came at %v, want %v", i+1, n, d, wantAt)
+					}
+				}
+			}
+			time.Sleep(time.Second)
+			start := time.Now()
+			for range 5 {
+				sendFrames(t, wc, heartbeat)
+				w.next(t, typ)
+			}
+			answered += 5
+			if d := time.Since(start); d != 0 {
+				t.Errorf("5 heartbeats one at a time answered in %v, want at once", d)
+			}
+		}
+		bursts(TypeWaiting)
+		waited := answered
+		hc.Close()
+		tW := w.next(t, TypeAcquired).Token
+		bursts(TypeAcquired)
+		shutdownNow(t, srv, served)
+		want := []Frame{waitingFrame}
+		for range waited {
+			want = append(want, waitingFrame)
+		}
+		want = append(want, acquiredFrame(tW))
+		for range answered - waited {
+			want = append(want, acquiredFrame(tW))
+		}
+		expectStream(t, w, append(want, errorFrame(CodeShuttingDown))...)
+	})
+}
