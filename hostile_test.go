@@ -359,3 +359,92 @@ func TestHeartbeatFloodChild(t *testing.T) {
 	}
 	select {}
 }
+
+// Connections that heartbeat back to back, one in flight each (so no read
+// of more than one byte, and no pause), must not slow another session's
+// round trip by more than 10x; the flood runs in a child process, beside a
+// control that floods a server of its own.
+func TestPingPongFloodDelaysNobody(t *testing.T) {
+	if testing.Short() {
+		t.Skip("timing test")
+	}
+	srv := &Server{}
+	addr := startServer(t, srv)
+	probe := func(name string) time.Duration {
+		c := dialRaw(t, addr)
+		defer c.Close()
+		c.send(acquire(name, time.Minute))
+		c.expectAcquired()
+		var d []time.Duration
+		for range 500 {
+			t0 := time.Now()
+			c.send(heartbeat)
+			c.expectAcquired()
+			d = append(d, time.Since(t0))
+			time.Sleep(200 * time.Microsecond)
+		}
+		slices.Sort(d)
+		t.Logf("%s: heartbeat round trip p50=%v p99=%v max=%v", name, d[250], d[495], d[499])
+		return d[250]
+	}
+	flood := func(target string) func() {
+		cmd := exec.Command(os.Args[0], "-test.run=^TestPingPongFloodChild$", "-test.count=1")
+		cmd.Env = append(os.Environ(), "MONOLOCK_AUDIT_PINGPONG="+target)
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(time.Second)
+		return func() { cmd.Process.Kill(); cmd.Wait() }
+	}
+	base := probe("baseline")
+	stop := flood("self")
+	control := probe("control: the child ping-pongs its own server")
+	stop()
+	before := srv.Stats().Heartbeats
+	stop = flood(addr)
+	flooded := probe("flooded: the child ping-pongs this server")
+	stop()
+	t.Logf("heartbeats decided by this server during the flood: %d", srv.Stats().Heartbeats-before)
+	if flooded > 10*max(control, base) && flooded > time.Millisecond {
+		t.Errorf("a ping-pong heartbeat flood from 8 connections made another session's p50 round trip %v (%.0fx the control's %v)",
+			flooded, float64(flooded)/float64(control), control)
+	}
+}
+
+func TestPingPongFloodChild(t *testing.T) {
+	target := os.Getenv("MONOLOCK_AUDIT_PINGPONG")
+	if target == "" {
+		t.Skip("helper process only")
+	}
+	if target == "self" {
+		srv := &Server{}
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		go srv.Serve(l)
+		target = l.Addr().String()
+	}
+	for i := range 8 {
+		c, err := net.Dial("tcp", target)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := acquire(fmt.Sprint("pingpong", i), time.Minute).AppendBinary(nil)
+		c.Write(b)
+		go func() {
+			if _, err := ReadFrame(c); err != nil {
+				os.Exit(0)
+			}
+			for {
+				if _, err := c.Write([]byte{TypeHeartbeat}); err != nil {
+					os.Exit(0)
+				}
+				if _, err := ReadFrame(c); err != nil {
+					os.Exit(0)
+				}
+			}
+		}()
+	}
+	select {}
+}
