@@ -401,7 +401,6 @@ func (s *session) acquire() error {
 	default:
 		return unknownType(typ)
 	}
-	s.conn.SetReadDeadline(time.Now().Add(srv.ioTimeout())) // the rest of a begun frame
 	f, err := readAcquire(s)
 	if isTimeout(err) {
 		return errIOTimeout
@@ -430,9 +429,11 @@ func (s *session) acquire() error {
 	return nil
 }
 
-// Read is io.Reader through the session's buffer, for the rest of a frame.
+// Read is io.Reader through the session's buffer, for the rest of the
+// ACQUIRE, which has its own io-timeout once it must wait for more bytes.
 func (s *session) Read(p []byte) (int, error) {
 	if s.r == s.w {
+		s.conn.SetReadDeadline(time.Now().Add(s.srv.ioTimeout()))
 		return s.conn.Read(p)
 	}
 	n := copy(p, s.rbuf[s.r:s.w])
