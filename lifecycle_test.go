@@ -2717,3 +2717,76 @@ func TestShutdownBoundedWhateverClientsDo(t *testing.T) {
 		l.Close()
 	})
 }
+
+// One io-timeout bounds the rest of an ACQUIRE once its first byte has
+// arrived, however it is dribbled: a deadline renewed at each read would
+// let a client keep one frame open for up to 262 io-timeouts.
+func TestIOTimeoutBoundsTheWholeRestOfAFrame(t *testing.T) {
+	srv := &Server{IOTimeout: 200 * time.Millisecond}
+	addr := startServer(t, srv)
+	c := dialRaw(t, addr)
+	b, _ := acquire("slow", time.Minute).AppendBinary(nil)
+	start := time.Now()
+	for _, x := range b {
+		if _, err := c.Write([]byte{x}); err != nil {
+			if d := time.Since(start); d < 200*time.Millisecond {
+				t.Fatalf("closed after %v, before the io-timeout: %v", d, err)
+			}
+			return // closed after the io-timeout, unanswered, as it should
+		}
+		time.Sleep(120 * time.Millisecond)
+	}
+	f, err := c.read(time.Second)
+	if err == nil {
+		t.Fatalf("ACQUIRE whose rest took %v (io-timeout 200ms) was answered: %+v; want the connection closed without an answer",
+			time.Since(start).Round(time.Millisecond), f)
+	}
+}
+
+// A waiter leaves the table in the critical section that decides its own
+// bad frame: a holder released at that moment promotes nobody, spends no
+// token on it, and pushes it no ACQUIRED before its ERROR. The test puts
+// srv.mu into starvation mode (FIFO hand-off), so that a session goroutine
+// that unlocked between the decision and the end would hand the mutex to
+// the queued ForceRelease first.
+func TestPromotionSkipsAWaiterEndingOnItsOwnFrame(t *testing.T) {
+	srv := &Server{}
+	addr := startServer(t, srv)
+	h := dialRaw(t, addr)
+	h.send(acquire("x", time.Minute))
+	h.expectAcquired()
+	w := dialRaw(t, addr)
+	w.send(acquire("x", time.Minute))
+	w.expectWaiting()
+
+	srv.mu.Lock()
+	w.sendBytes([]byte{0x7f})         // unknown type: ERROR 0x13 and nothing else
+	time.Sleep(50 * time.Millisecond) // w's goroutine read it and queues on srv.mu
+	released := make(chan error, 1)
+	go func() { _, err := srv.ForceRelease("x", 0); released <- err }()
+	time.Sleep(50 * time.Millisecond) // ForceRelease queues behind it
+	// Unlock and relock at once: the woken session goroutine fails to get
+	// the mutex after waiting > 1ms and switches it to starvation mode.
+	srv.mu.Unlock()
+	srv.mu.Lock()
+	time.Sleep(20 * time.Millisecond)
+	srv.mu.Unlock()
+	if err := await(t, released, "ForceRelease"); err != nil {
+		t.Fatal(err)
+	}
+	h.expectError(CodeClosedByAdmin)
+
+	var got []Frame
+	for {
+		f, err := w.read(2 * time.Second)
+		if err != nil {
+			break
+		}
+		got = append(got, f)
+	}
+	st := srv.Stats()
+	if len(got) != 1 || got[0].Type != TypeError || got[0].Code != CodeUnknownType || st.Grants != 1 {
+		t.Fatalf("waiter that sent a bad frame got %s (want only ERROR 0x13); Stats.Grants=%d (want 1), Releases=%v",
+			showFrames(got), st.Grants, st.Releases)
+	}
+}

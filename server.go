@@ -401,6 +401,7 @@ func (s *session) acquire() error {
 	default:
 		return unknownType(typ)
 	}
+	s.conn.SetReadDeadline(time.Now().Add(srv.ioTimeout())) // the rest of a begun frame
 	f, err := readAcquire(s)
 	if isTimeout(err) {
 		return errIOTimeout
@@ -429,11 +430,9 @@ func (s *session) acquire() error {
 	return nil
 }
 
-// Read is io.Reader through the session's buffer, for the rest of the
-// ACQUIRE, which has its own io-timeout once it must wait for more bytes.
+// Read is io.Reader through the session's buffer, for the rest of a frame.
 func (s *session) Read(p []byte) (int, error) {
 	if s.r == s.w {
-		s.conn.SetReadDeadline(time.Now().Add(s.srv.ioTimeout()))
 		return s.conn.Read(p)
 	}
 	n := copy(p, s.rbuf[s.r:s.w])
@@ -490,8 +489,7 @@ func (s *session) run() {
 		}
 		srv.mu.Lock()
 		if why := srv.heartbeatLocked(s, beats, now, bad); why != nil {
-			srv.mu.Unlock()
-			s.end(why)
+			s.endOwnLocked(why) // in the same critical section: no promotion between
 			return
 		}
 		s.drainOwnLocked(true)
@@ -508,8 +506,13 @@ func (s *session) run() {
 // next on this processor, goes before this session's own close: a
 // handover then takes no longer than with the push written inline.
 func (s *session) end(why error) {
+	s.srv.mu.Lock()
+	s.endOwnLocked(why)
+}
+
+// endOwnLocked is end with srv.mu held, which it releases.
+func (s *session) endOwnLocked(why error) {
 	srv := s.srv
-	srv.mu.Lock()
 	grants := srv.counts.Grants
 	srv.endLocked(s, why)
 	if srv.counts.Grants != grants {
@@ -912,7 +915,7 @@ type Stats struct {
 	AcceptErrors        uint64
 	TLSHandshakeErrors  uint64
 	Acquires            uint64 // valid, authorized ACQUIREs: granted or queued
-	Denials             uint64 // ACQUIREs that Authorize refused
+	Denials             uint64 // ACQUIREs that Authorize refused (not those Shutdown ended meanwhile)
 	Heartbeats          uint64
 	Grants              uint64            // immediate or by promotion
 	Releases            map[string]uint64 // of held locks, by Reason
