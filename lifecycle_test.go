@@ -2790,3 +2790,61 @@ func TestPromotionSkipsAWaiterEndingOnItsOwnFrame(t *testing.T) {
 			showFrames(got), st.Grants, st.Releases)
 	}
 }
+
+// An ACQUIRE and a bad byte in one segment are decided together, in one
+// critical section: the waiter is out of the table before its WAITING is
+// written, so the holder leaving then promotes nobody, spends no token on
+// it and pushes it no ACQUIRED; it gets WAITING, then ERROR 0x13, as when
+// the same bytes come in two segments (TestPromotionSkipsEndingWaiter).
+func TestAcquireAndBadByteInOneSegmentAreDecidedTogether(t *testing.T) {
+	var ev eventLog
+	srv := &Server{IOTimeout: soon, OnEvent: ev.add}
+	n, served := serveProbes(t, srv)
+
+	hc, hs := n.pair("h")
+	n.accept(hs)
+	h := watch("h", hc)
+	sendFrames(t, hc, acquire("x", time.Minute))
+	h.next(t, TypeAcquired)
+
+	ac, as := n.pair("a")
+	var badRead, held atomic.Bool
+	as.afterRead = func(b []byte, err error) {
+		if bytes.IndexByte(b, 0x7f) >= 0 {
+			badRead.Store(true)
+		}
+	}
+	as.beforeWrite = func(b []byte) {
+		if !badRead.Load() || held.Swap(true) {
+			return
+		}
+		defer n.enter()()
+		// The server has read 0x7f (with the ACQUIRE) and is writing WAITING.
+		n.log.mark("h closes")
+		hc.Close()
+		n.must("h to leave the table", func() bool { return holderOf(srv, "x") != "h" })
+	}
+	n.accept(as)
+	a := watch("a", ac)
+	b, _ := acquire("x", time.Minute).AppendBinary(nil)
+	sendRaw(t, ac, append(b, 0x7f))
+	got, _ := a.finish(t)
+	shutdownNow(t, srv, served)
+	if !held.Load() {
+		t.Fatalf("hook did not fire; log:%v", &n.log)
+	}
+	for _, f := range got {
+		if f.Type == TypeAcquired {
+			t.Errorf("a received %s; want [WAITING ERROR(0x13)]: ACQUIRED pushed after the server read a's 0x7f", showFrames(got))
+			break
+		}
+	}
+	for _, e := range ev.snapshot() {
+		if e.Type == EventGranted && e.RemoteAddr == "a" {
+			t.Errorf("token %d was spent on a, whose 0x7f the server had read before h left", e.Token)
+		}
+	}
+	if t.Failed() {
+		t.Logf("server log:%v", &n.log)
+	}
+}

@@ -332,6 +332,7 @@ var (
 	errIOTimeout = errors.New("io-timeout")
 	errUnread    = errors.New("more than 65536 answers unread")
 	errEnded     = errors.New("ended by another") // Shutdown, an administrator, a failed write
+	errEndedHere = errors.New("ended in acquire") // not an end: acquire has ended the session
 )
 
 const (
@@ -350,11 +351,13 @@ func (s *session) serve() {
 			return
 		}
 	}
-	if err := s.acquire(); err != nil {
+	switch err := s.acquire(); err {
+	case nil:
+		go s.run()
+	case errEndedHere:
+	default:
 		s.end(err)
-		return
 	}
-	go s.run()
 }
 
 // handshake is explicit so that a client stalling it meets the io-timeout,
@@ -421,10 +424,15 @@ func (s *session) acquire() error {
 		return fmt.Errorf("%w %q", ErrNotAuthorized, f.Name)
 	}
 	s.lease = time.Duration(f.LeaseMS) * time.Millisecond
+	beats, bad := s.scan() // decided with the ACQUIRE: the same answers however segmented
 	srv.mu.Lock()
 	if err := srv.joinLocked(s, read); err != nil {
 		srv.mu.Unlock()
 		return err
+	}
+	if why := srv.heartbeatLocked(s, beats, read, bad); why != nil {
+		s.endOwnLocked(why)
+		return errEndedHere
 	}
 	s.drainOwnLocked(true)
 	return nil
@@ -474,19 +482,7 @@ func (s *session) run() {
 			}
 		}
 		now := time.Now()
-		beats := 0
-		for s.r < s.w && s.rbuf[s.r] == TypeHeartbeat {
-			beats++
-			s.r++
-		}
-		var bad error
-		if s.r < s.w {
-			bad = unknownType(s.rbuf[s.r])
-			if s.rbuf[s.r] == TypeAcquire {
-				bad = ErrDuplicateAcquire
-			}
-			s.r = s.w
-		}
+		beats, bad := s.scan()
 		srv.mu.Lock()
 		if why := srv.heartbeatLocked(s, beats, now, bad); why != nil {
 			s.endOwnLocked(why) // in the same critical section: no promotion between
@@ -498,6 +494,22 @@ func (s *session) run() {
 			time.Sleep(pause)
 		}
 	}
+}
+
+// scan takes what rbuf holds after the ACQUIRE: the heartbeats, then the
+// error of a bad frame if one follows (nothing after it counts).
+func (s *session) scan() (beats int, bad error) {
+	for ; s.r < s.w && s.rbuf[s.r] == TypeHeartbeat; s.r++ {
+		beats++
+	}
+	if s.r < s.w {
+		bad = unknownType(s.rbuf[s.r])
+		if s.rbuf[s.r] == TypeAcquire {
+			bad = ErrDuplicateAcquire
+		}
+		s.r = s.w
+	}
+	return beats, bad
 }
 
 // end ends the session for a cause its own goroutine met, if not ended
