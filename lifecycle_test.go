@@ -9,6 +9,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"net"
+	"os"
 	"runtime"
 	"slices"
 	"strconv"
@@ -2846,5 +2847,77 @@ func TestAcquireAndBadByteInOneSegmentAreDecidedTogether(t *testing.T) {
 	}
 	if t.Failed() {
 		t.Logf("server log:%v", &n.log)
+	}
+}
+
+// stallConn is the server's end of a net.Pipe whose writes behave like a
+// socket whose send buffer is full: each blocks until its write deadline
+// passes, then fails with a timeout, having sent nothing.
+type stallConn struct {
+	net.Conn
+	mu sync.Mutex
+	wd time.Time
+}
+
+func (c *stallConn) RemoteAddr() net.Addr { return pipeAddr("stall") }
+func (c *stallConn) SetWriteDeadline(t time.Time) error {
+	c.mu.Lock()
+	c.wd = t
+	c.mu.Unlock()
+	return nil
+}
+func (c *stallConn) Write(b []byte) (int, error) {
+	c.mu.Lock()
+	d := c.wd
+	c.mu.Unlock()
+	time.Sleep(time.Until(d) + 5*time.Millisecond)
+	return 0, os.ErrDeadlineExceeded
+}
+
+type oneListener struct {
+	c    chan net.Conn
+	done chan struct{}
+	once sync.Once
+}
+
+func (l *oneListener) Accept() (net.Conn, error) {
+	select {
+	case c := <-l.c:
+		return c, nil
+	case <-l.done:
+		return nil, net.ErrClosed
+	}
+}
+func (l *oneListener) Close() error   { l.once.Do(func() { close(l.done) }); return nil }
+func (l *oneListener) Addr() net.Addr { return pipeAddr("one") }
+
+// A session whose ACQUIRE is read and whose Authorize is running is ended
+// by Shutdown; the writer of its ERROR 0x01 times out at its deadline. Its
+// failure path must not read the lease, which the session's goroutine sets
+// without srv.mu until it joins the table (checked by the race detector).
+func TestShutdownWriterDoesNotReadAnUnjoinedLease(t *testing.T) {
+	entered := make(chan struct{})
+	srv := &Server{
+		IOTimeout: 50 * time.Millisecond,
+		Authorize: func(_, _ string) bool {
+			close(entered)
+			time.Sleep(300 * time.Millisecond) // no synchronisation with the writer
+			return true
+		},
+	}
+	l := &oneListener{c: make(chan net.Conn, 1), done: make(chan struct{})}
+	client, server := net.Pipe()
+	defer client.Close()
+	l.c <- &stallConn{Conn: server}
+	go srv.Serve(l)
+	go func() {
+		b, _ := acquire("x", time.Second).AppendBinary(nil)
+		client.Write(b)
+	}()
+	<-entered
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if err := srv.Shutdown(ctx); err != nil {
+		t.Fatalf("Shutdown: %v", err)
 	}
 }

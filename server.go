@@ -797,9 +797,10 @@ func (s *session) drainLocked(own bool) {
 		case err != nil && n == 0 && isTimeout(err) && time.Now().Before(due): // cut
 			s.final = cmp.Or(s.final, fin)
 		case err != nil:
+			alive := s.phase == phaseWaiting || s.phase == phaseHolding // then lease is set
 			if isTimeout(err) {
 				err = errIOTimeout
-				if time.Since(s.seen) >= s.lease {
+				if alive && time.Since(s.seen) >= s.lease {
 					err = errExpired
 				}
 			}
