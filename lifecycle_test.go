@@ -2752,17 +2752,36 @@ func TestIOTimeoutBoundsTheWholeRestOfAFrame(t *testing.T) {
 // the queued ForceRelease first.
 func TestPromotionSkipsAWaiterEndingOnItsOwnFrame(t *testing.T) {
 	srv := &Server{}
-	addr := startServer(t, srv)
-	h := dialRaw(t, addr)
-	h.send(acquire("x", time.Minute))
-	h.expectAcquired()
-	w := dialRaw(t, addr)
-	w.send(acquire("x", time.Minute))
-	w.expectWaiting()
+	n, served := serveProbes(t, srv)
+	hc, hs := n.pair("h")
+	n.accept(hs)
+	h := watch("h", hc)
+	sendFrames(t, hc, acquire("x", time.Minute))
+	h.next(t, TypeAcquired)
+	wc, ws := n.pair("w")
+	readBad := make(chan struct{})
+	var fired atomic.Bool
+	ws.afterRead = func(b []byte, err error) {
+		if bytes.IndexByte(b, 0x7f) >= 0 && fired.CompareAndSwap(false, true) {
+			close(readBad) // w's goroutine goes on to srv.mu.Lock
+		}
+	}
+	var deadlines atomic.Int32
+	ws.beforeSetRD = func() { deadlines.Add(1) }
+	n.accept(ws)
+	w := watch("w", wc)
+	sendFrames(t, wc, acquire("x", time.Minute))
+	w.next(t, TypeWaiting)
+	// acquire set its deadlines before it wrote WAITING: the next one is
+	// run's, just before it reads.
+	before := deadlines.Load()
+	waitFor(t, "w's goroutine to set run's read deadline", func() bool { return deadlines.Load() > before })
+	time.Sleep(20 * time.Millisecond) // and to wait in its read
 
 	srv.mu.Lock()
-	w.sendBytes([]byte{0x7f})         // unknown type: ERROR 0x13 and nothing else
-	time.Sleep(50 * time.Millisecond) // w's goroutine read it and queues on srv.mu
+	go wc.Write([]byte{0x7f}) // unknown type: ERROR 0x13 and nothing else
+	await(t, readBad, "the server's read of 0x7f")
+	time.Sleep(50 * time.Millisecond) // w's goroutine queues on srv.mu
 	released := make(chan error, 1)
 	go func() { _, err := srv.ForceRelease("x", 0); released <- err }()
 	time.Sleep(50 * time.Millisecond) // ForceRelease queues behind it
@@ -2775,19 +2794,14 @@ func TestPromotionSkipsAWaiterEndingOnItsOwnFrame(t *testing.T) {
 	if err := await(t, released, "ForceRelease"); err != nil {
 		t.Fatal(err)
 	}
-	h.expectError(CodeClosedByAdmin)
-
-	var got []Frame
-	for {
-		f, err := w.read(2 * time.Second)
-		if err != nil {
-			break
-		}
-		got = append(got, f)
+	if f := h.next(t, TypeError); f.Code != CodeClosedByAdmin {
+		t.Errorf("h got %+v, want ERROR 0x02", f)
 	}
+	got, _ := w.finish(t)
 	st := srv.Stats()
-	if len(got) != 1 || got[0].Type != TypeError || got[0].Code != CodeUnknownType || st.Grants != 1 {
-		t.Fatalf("waiter that sent a bad frame got %s (want only ERROR 0x13); Stats.Grants=%d (want 1), Releases=%v",
+	shutdownNow(t, srv, served)
+	if len(got) != 2 || got[1].Type != TypeError || got[1].Code != CodeUnknownType || st.Grants != 1 {
+		t.Fatalf("waiter that sent a bad frame got %s (want WAITING, ERROR 0x13); Stats.Grants=%d (want 1), Releases=%v",
 			showFrames(got), st.Grants, st.Releases)
 	}
 }
