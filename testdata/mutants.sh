@@ -30,70 +30,210 @@ mutant() { # name file regex package old new
 }
 
 # --- The server (server.go) ---
+# The session lifecycle of docs/sessions.md; the rule numbers are those of
+# the block at the top of server.go.
 mutant lifo-promotion server.go 'TestFIFOOrderAndLeavingFromTheMiddle|TestLockTableAgainstModel' . \
-  'l.waiters.Front(); front != nil' \
-  'l.waiters.Back(); front != nil'
+  'for front := l.waiters.Front(); front != nil; front = l.waiters.Front() {' \
+  'for front := l.waiters.Back(); front != nil; front = l.waiters.Back() {'
+# The promoter decides the push and starts no writer for it.
 mutant missing-push server.go 'TestGrantWaitAndPushPromotion' . \
-  $'next.push(token)\n\t}\n\ts.wmu.Lock()' \
-  $'_ = token\n\t}\n\ts.wmu.Lock()'
-mutant reused-token server.go 'TestGrantWaitAndPushPromotion' . \
-  $'next.push(token)\n\t}\n\ts.wmu.Lock()' \
-  $'next.push(s.token.Load()); _ = token\n\t}\n\ts.wmu.Lock()'
+  $'srv.grantLocked(l, next)\n\t\tsrv.wakeLocked(next)' \
+  'srv.grantLocked(l, next)'
+# The promoted waiter is pushed the leaving holder's token.
+mutant reused-token server.go 'TestGrantWaitAndPushPromotion|TestTokensAboveTheClockGoOnByOne' . \
+  $'\t\t\tsrv.promoteLocked(l)\n' \
+  $'\t\t\tsrv.promoteLocked(l)\n\t\t\tif l.holder != nil {\n\t\t\t\tl.holder.token = s.token\n\t\t\t}\n'
+# Rule 1: a write (a promotion's push among them) under the table's mutex.
 mutant push-under-the-mutex server.go 'TestBlockedPromotionPushDelaysNobody' . \
-  $'next.push(token)\n\t}\n\ts.wmu.Lock()' \
-  $'srv.mu.Lock(); next.push(token); srv.mu.Unlock()\n\t}\n\ts.wmu.Lock()'
+  'n, err = s.conn.Write(b)' \
+  'srv.mu.Lock(); n, err = s.conn.Write(b); srv.mu.Unlock()'
 mutant lease-not-refreshed server.go 'TestHeartbeatsKeepAShortLeaseAlive' . \
-  'deadline = seen.Add(lease)' \
-  '_ = seen'
+  'deadline = now.Add(s.lease)' \
+  '_ = now'
+mutant last-seen-not-refreshed server.go 'TestHeartbeatsKeepAShortLeaseAlive' . \
+  $'s.seen = now\n\t\ts.owe(beats)' \
+  's.owe(beats)'
 mutant token-plus-one-missing server.go 'TestTokensAboveTheClockGoOnByOne|TestTokenSequence' . \
   't := srv.lastToken + 1' \
   't := srv.lastToken'
-mutant no-io-timeout-before-acquire server.go 'TestIOTimeout' . \
-  's.run(0, time.Now().Add(s.srv.ioTimeout()))' \
-  's.run(0, time.Now().Add(time.Hour))'
+mutant no-io-timeout-before-acquire server.go 'TestIOTimeout$' . \
+  $'s.conn.SetReadDeadline(time.Now().Add(srv.ioTimeout()))\n\tn, err := s.conn.Read(s.rbuf[:])' \
+  $'s.conn.SetReadDeadline(time.Now().Add(time.Hour))\n\tn, err := s.conn.Read(s.rbuf[:])'
+mutant no-io-timeout-inside-acquire server.go 'TestIOTimeout$|TestIOTimeoutBoundsTheWholeRestOfAFrame' . \
+  's.conn.SetReadDeadline(time.Now().Add(srv.ioTimeout())) // the rest of a begun frame' \
+  's.conn.SetReadDeadline(time.Now().Add(time.Hour)) // the rest of a begun frame'
+# Read: the rest of an ACQUIRE gets a fresh io-timeout at each read, so a
+# dribbling client holds a frame open for many io-timeouts.
+mutant acquire-deadline-renewed-per-read server.go 'TestIOTimeoutBoundsTheWholeRestOfAFrame' . \
+  $'if s.r == s.w {\n\t\treturn s.conn.Read(p)' \
+  $'if s.r == s.w {\n\t\ts.conn.SetReadDeadline(time.Now().Add(s.srv.ioTimeout()))\n\t\treturn s.conn.Read(p)'
+# Rule 3 (endLocked): it keeps promoting while the server is closing.
 mutant promotion-during-shutdown server.go 'TestShutdownPromotesNobody|TestShutdownSendsShuttingDownToEverySession' . \
-  'front != nil && !srv.closing.Load()' \
-  'front != nil'
+  $'if !srv.closing.Load() {\n\t\t\tsrv.promoteLocked(l)\n\t\t}' \
+  'srv.promoteLocked(l)'
 mutant duplicate-acquire-wrong-code server.go 'TestErrorsAfterTheGrant' . \
-  'return deadline, ErrDuplicateAcquire' \
-  'return deadline, unknownType(typ)'
-mutant kick-wakes-nobody server.go 'TestForceReleaseAndKickWaiter' . \
-  $'s.conn.SetReadDeadline(time.Unix(1, 0)) // rule 6\n' \
-  $'_ = s\n'
+  'bad = ErrDuplicateAcquire' \
+  'bad = unknownType(TypeAcquire)'
+# Rule 5 (kick): the administrator decides the ERROR 0x02 and starts no
+# writer for it.
+mutant kick-wakes-nobody server.go 'TestForceReleaseAndKickWaiter|TestForceReleaseDoesNotWaitForNextWaiter|TestKickWaiterDoesNotWaitForSlowClient' . \
+  $'cut := srv.cutLocked(s)\n\tsrv.wakeLocked(s)' \
+  'cut := srv.cutLocked(s)'
 mutant authorize-without-identity server.go 'TestMutualTLSIdentitiesAndRules' ./cmd/monolock \
   '!srv.Authorize(s.identity, f.Name)' \
   '!srv.Authorize("", f.Name)'
-# Issue 13: the races between behaviours.
-mutant push-after-final-frame server.go 'TestInterleavingNoPushAfterAFailedWrite|TestWaiterEndingAsHolderLeaves' . \
-  'if !s.final && s.stop.Load() == 0 && s.writeStateLocked(token) != nil {' \
-  'if s.stop.Load() == 0 && s.writeStateLocked(token) != nil {'
-mutant push-after-force-release server.go 'TestInterleavingPushAfterForceRelease' . \
-  'if !s.final && s.stop.Load() == 0 && s.writeStateLocked(token) != nil {' \
-  'if !s.final && s.writeStateLocked(token) != nil {'
-mutant heartbeat-reply-after-stop server.go 'TestInterleavingHeartbeatReplyAfterForceRelease' . \
-  $'if err := s.stopped(); err != nil { // rule 5\n\t\treturn err\n\t}' \
+# Rule 3 (endLocked): a waiter ending with an ERROR owed stays queued, so a
+# promotion can reach it after its final frame.
+mutant push-after-final-frame server.go 'TestWaiterEndingAsHolderLeaves|TestPromotionSkipsEndingWaiter' . \
+  $'} else {\n\t\tl.waiters.Remove(s.elem)' \
+  $'} else if s.final == nil {\n\t\tl.waiters.Remove(s.elem)'
+# drainLocked: after a failed write, what is still owed is written.
+mutant write-after-failed-write server.go 'TestNoWriteAfterFailedPush|TestInterleavingNoPushAfterAFailedWrite' . \
+  $'srv.stopLocked(s, err)\n\t\t\ts.owedWaiting, s.owedAcquired, s.final = 0, 0, nil' \
+  'srv.stopLocked(s, err)'
+# Rule 3 (stopLocked): another party's end keeps what was owed (a push, a
+# heartbeat's answer) and writes it before the final ERROR.
+mutant push-after-force-release server.go 'TestInterleavingPushAfterForceRelease|TestNoPushAfterForceRelease|TestNoHeartbeatReplyAfterKickWaiter' . \
+  $'s.owedWaiting, s.owedAcquired = 0, 0\n\t\ts.stopped.Store(true)' \
+  's.stopped.Store(true)'
+# Rule 2 (heartbeatLocked): a heartbeat read as an administrator ends the
+# session is answered.
+mutant heartbeat-reply-after-stop server.go 'TestInterleavingHeartbeatReplyAfterForceRelease|TestNoHeartbeatReplyAfterForceRelease|TestNoHeartbeatReplyAfterKickWaiter' . \
+  $'\tcase s.phase >= phaseEnding:\n\t\treturn errEnded\n' \
   ''
-mutant kick-leaves-waiter-queued server.go 'TestWaiterEndingAsHolderLeaves|TestRaceHunt' . \
-  'next, token := srv.stopLocked(s, CodeClosedByAdmin)' \
-  's.stop.Store(uint32(CodeClosedByAdmin)); var next *session; var token uint64'
+# Rule 3 (endLocked): an end without an ERROR (a lease, a read error, too
+# many answers owed) keeps what was owed and writes it.
+mutant end-without-error-keeps-owed server.go 'TestExpiredSessionGetsNothingMore|TestOwedAnswersAreBounded|TestBlockedWriteEndsAtTheLease' . \
+  $'} else { // an end without a word: nothing more is written\n\t\ts.owedWaiting, s.owedAcquired = 0, 0\n\t}' \
+  '}'
+# Rule 3 (endLocked): a kicked waiter stays queued.
+mutant kick-leaves-waiter-queued server.go 'TestWaiterEndingAsHolderLeaves|TestForceReleaseAndKickWaiter|TestRaceHunt' . \
+  $'} else {\n\t\tl.waiters.Remove(s.elem)' \
+  $'} else if !errors.Is(why, ErrClosedByAdmin) {\n\t\tl.waiters.Remove(s.elem)'
 mutant force-release-ignores-token server.go 'TestForceReleaseByToken' . \
-  'case token != 0 && h.token.Load() != token:' \
+  'case token != 0 && h.token != token:' \
   'case false:'
 mutant events-unbounded server.go 'TestStalledOnEventIsBounded' . \
   'if len(srv.events) >= maxQueuedEvents {' \
   'if false {'
-mutant shutdown-unbounded server.go 'TestInterleavingShutdownExceedsIOTimeout|TestShutdownWithTLSClientsIsBounded' . \
+mutant shutdown-unbounded server.go 'TestShutdownBoundedWhateverClientsDo|TestInterleavingShutdownExceedsIOTimeout|TestShutdownWithTLSClientsIsBounded|TestShutdownFinalErrorIsBoundedByTheIOTimeout' . \
   'bound := time.NewTimer(srv.ioTimeout())' \
   'bound := time.NewTimer(time.Hour)'
 mutant tls-close-notify server.go 'TestShutdownWithTLSClientsIsBounded' . \
   'c = tc.NetConn()' \
   '_ = tc'
-mutant sessions-forgotten-before-final-frame server.go 'TestInterleavingShutdownIgnoresContext' . \
-  $'\tsrv.mu.Lock()\n\tnext, token := srv.leaveLocked(s, why)' \
-  $'\tsrv.mu.Lock()\n\tdelete(srv.sessions, s)\n\tnext, token := srv.leaveLocked(s, why)'
+# A session leaves srv.sessions when its final ERROR is taken, before it is
+# written: Close cannot close a connection whose final write is stuck.
+mutant sessions-forgotten-before-final-frame server.go 'TestInterleavingShutdownIgnoresContext|TestShutdownDeadlineClosesStuckSessions|TestShutdownBoundedWhateverClientsDo|TestShutdownWithTLSClientsIsBounded' . \
+  $'b, _ = Frame{Type: TypeError, Code: code, Reason: reason}.AppendBinary(b)\n\t}' \
+  $'b, _ = Frame{Type: TypeError, Code: code, Reason: reason}.AppendBinary(b)\n\t\tdelete(s.srv.sessions, s)\n\t}'
+# drainLocked ends a session whose write failed as if by another party.
 mutant push-timeout-released-graceful server.go 'TestInterleavingPushTimeoutReleaseReason' . \
-  's.wtimeout.Store(isTimeout(err))' \
-  '_ = err'
+  'srv.stopLocked(s, err)' \
+  'srv.stopLocked(s, errEnded)'
+# Rule 4 (promoteLocked): a waiter whose lease has passed is granted.
+mutant promotion-grants-expired-waiter server.go 'TestPromotionSkipsExpiredWaiter|TestRaceHunt' . \
+  'if time.Since(next.seen) >= next.lease {' \
+  'if false && time.Since(next.seen) >= next.lease {'
+# drainLocked: no check of stopped after the write deadline is set, or the
+# check made before it (a stop in between is not seen).
+mutant drain-skips-stop-check server.go 'TestNoHeartbeatReplyAfterForceRelease|TestNoPushAfterForceRelease|TestNoHeartbeatReplyAfterKickWaiter' . \
+  'late := s.stopped.Load() && !stopped' \
+  'late := false && s.stopped.Load() && !stopped'
+mutant drain-checks-stop-before-deadline server.go 'TestNoHeartbeatReplyAfterForceRelease|TestNoPushAfterForceRelease|TestNoHeartbeatReplyAfterKickWaiter' . \
+  $'s.conn.SetWriteDeadline(due)\n\t\tlate := s.stopped.Load() && !stopped' \
+  $'late := s.stopped.Load() && !stopped\n\t\ts.conn.SetWriteDeadline(due)'
+# kick and cutLocked: no past write deadline for a write already taken
+# (kick's alone, or Shutdown's and kick's).
+mutant kick-does-not-cut server.go 'TestForceReleaseJustBeforeAWritePlain|TestKickWaiterDoesNotWaitForSlowClient' . \
+  $'\tif cut {\n\t\tcloseAll(nil, []*session{s})\n\t}\n' \
+  $'\t_ = cut\n'
+mutant cut-cuts-nothing server.go 'TestInterleavingShutdownExceedsIOTimeout|TestForceReleaseJustBeforeAWritePlain|TestShutdownDeadlineClosesStuckSessions' . \
+  'return s.writing && !isTLS' \
+  'return false && s.writing && !isTLS'
+# drainLocked: a write cut before its first byte loses the final ERROR it
+# carried; or a write that timed out at its own deadline is taken for a cut
+# (the session lives on).
+mutant cut-write-loses-final-error server.go 'TestForceReleaseFinalErrorSurvivesALateCut|TestShutdownFinalErrorSurvivesALateCut|TestInterleavingShutdownExceedsIOTimeout' . \
+  'case err != nil && n == 0 && isTimeout(err) && time.Now().Before(due): // cut' \
+  'case false && err != nil && n == 0 && isTimeout(err) && time.Now().Before(due): // cut'
+mutant timeout-taken-for-a-cut server.go 'TestIOTimeoutBoundsAWrite|TestInterleavingPushTimeoutReleaseReason|TestBlockedWriteEndsAtTheLease' . \
+  'case err != nil && n == 0 && isTimeout(err) && time.Now().Before(due): // cut' \
+  'case err != nil && n == 0 && isTimeout(err): // cut'
+# acquire: the bytes read with the ACQUIRE are left to run, decided in a
+# later critical section (a promotion may reach the waiter in between).
+mutant acquire-leaves-coalesced-bytes server.go 'TestAcquireAndBadByteInOneSegmentAreDecidedTogether|TestSplitAndCoalescedFrames' . \
+  'beats, bad := s.scan() // decided with the ACQUIRE' \
+  'beats, bad := 0, error(nil) // decided with the ACQUIRE'
+# run: a session's own end decided in a critical section after the one
+# that decided its bad frame (a promotion may reach it in between).
+mutant own-end-after-unlock server.go 'TestPromotionSkipsAWaiterEndingOnItsOwnFrame|TestPromotionSkipsEndingWaiter' . \
+  's.endOwnLocked(why) // in the same critical section: no promotion between' \
+  $'srv.mu.Unlock()\n\t\t\ts.end(why)'
+# heartbeatLocked: a heartbeat read after the lease passed is answered.
+mutant late-heartbeat-answered server.go 'TestHeartbeatAfterTheLeaseIsNotAnswered|TestRaceHunt' . \
+  'case now.Sub(s.seen) >= s.lease:' \
+  'case false:'
+# heartbeatLocked: a bad byte does not end the session.
+mutant bad-byte-answered-as-alive server.go 'TestErrorCodes|TestErrorsAfterTheGrant|TestRandomInputKeepsTheGrammar' . \
+  $'\t\tsrv.counts.Heartbeats += uint64(beats)\n\t}\n\treturn bad' \
+  $'\t\tsrv.counts.Heartbeats += uint64(beats)\n\t}\n\treturn nil'
+# heartbeatLocked: no bound on the answers owed while a writer is stuck.
+mutant owed-unbounded server.go 'TestOwedAnswersAreBounded' . \
+  'owed+beats > maxOwed {' \
+  'false && owed+beats > maxOwed {'
+# takeLocked: ACQUIRED written before WAITING.
+mutant acquired-before-waiting server.go 'TestRaceHunt|TestLockTableAgainstModel|TestGrantWaitAndPushPromotion' . \
+  $'\tfor ; s.owedWaiting > 0 && len(b) < maxBatch; s.owedWaiting-- {\n\t\tb = append(b, TypeWaiting)\n\t}\n\tfor ; s.owedWaiting == 0 && s.owedAcquired > 0 && len(b)+9 <= maxBatch; s.owedAcquired-- {\n\t\tb = binary.BigEndian.AppendUint64(append(b, TypeAcquired), s.token)\n\t}\n' \
+  $'\tfor ; s.owedAcquired > 0 && len(b)+9 <= maxBatch; s.owedAcquired-- {\n\t\tb = binary.BigEndian.AppendUint64(append(b, TypeAcquired), s.token)\n\t}\n\tfor ; s.owedAcquired == 0 && s.owedWaiting > 0 && len(b) < maxBatch; s.owedWaiting-- {\n\t\tb = append(b, TypeWaiting)\n\t}\n'
+# run: no pause after a read of more than one byte; caught in-process or
+# through the binary.
+mutant flood-pause-removed server.go 'TestFloodPauseAfterAMultiByteRead|TestHeartbeatFloodDelaysNobody' . \
+  'floodPause = time.Millisecond' \
+  'floodPause = 0'
+mutant flood-pause-skipped server.go 'TestFloodPauseAfterAMultiByteRead|TestHeartbeatFloodDelaysNobody' . \
+  'time.Sleep(pause)' \
+  '_ = pause'
+mutant flood-pause-removed-process server.go 'TestHeartbeatFloodStarvesNobody' ./cmd/monolock \
+  'floodPause = time.Millisecond' \
+  'floodPause = 0'
+# Shutdown: after its ctx ends it waits for the goroutines anyway (before
+# the io-timeout's bound, or after it).
+mutant shutdown-waits-past-ctx server.go 'TestShutdownDoesNotWaitForAuthorize|TestStalledOnEventIsBounded|TestShutdownDeadlineClosesStuckSessions' . \
+  $'case <-ctx.Done():\n\t\tsrv.Close()\n\t\treturn ctx.Err()' \
+  $'case <-ctx.Done():\n\t\tsrv.Close()\n\t\t<-finished\n\t\treturn ctx.Err()'
+mutant shutdown-after-bound-ignores-ctx server.go 'TestShutdownDoesNotWaitForAuthorize|TestStalledOnEventIsBounded|TestShutdownDeadlineClosesStuckSessions|TestShutdownWithTLSClientsIsBounded' . \
+  $'\t\treturn nil\n\tcase <-ctx.Done():\n\t\treturn ctx.Err()\n\t}\n}' \
+  $'\t\treturn nil\n\t}\n}'
+# joinLocked: a session whose lease passed during Authorize is granted.
+mutant join-ignores-lease server.go 'TestNoGrantWhenAuthorizeOutlastsTheLease' . \
+  'case time.Since(read) >= s.lease:' \
+  'case false:'
+# takeLocked: a writer other than the session's own keeps to the lease taken
+# at its start; or the session's own writer waits a full io-timeout on a
+# client that neither reads nor sends.
+mutant other-writer-keeps-to-the-lease server.go 'TestPushWriterKeepsToTheIOTimeout' . \
+  'if own && (s.phase == phaseWaiting || s.phase == phaseHolding) {' \
+  'if s.phase == phaseWaiting || s.phase == phaseHolding {'
+mutant own-writer-ignores-the-lease server.go 'TestBlockedWriteEndsAtTheLease|TestClientThatNeverReadsDelaysNobody' . \
+  'if own && (s.phase == phaseWaiting || s.phase == phaseHolding) {' \
+  'if false && own && (s.phase == phaseWaiting || s.phase == phaseHolding) {'
+# Rule 6 (endLocked): the release is queued after the grant it allows.
+mutant release-event-after-the-grant server.go 'TestForceReleaseAndKickWaiter|TestPromotionSkipsExpiredWaiter|TestRaceHunt' . \
+  $'\t\tsrv.emitLocked(Event{Type: EventReleased, Token: s.token, Held: held, Reason: reason}, s)\n\t\tif !srv.closing.Load() {\n\t\t\tsrv.promoteLocked(l)\n\t\t}\n' \
+  $'\t\tif !srv.closing.Load() {\n\t\t\tsrv.promoteLocked(l)\n\t\t}\n\t\tsrv.emitLocked(Event{Type: EventReleased, Token: s.token, Held: held, Reason: reason}, s)\n'
+# Rule 2 (one writer at a time): a decider starts a second writer while one
+# is at work; the session's goroutine writes beside a writer at work.
+mutant second-writer server.go 'TestRaceHunt|TestInterleavingPushAfterForceRelease|TestLockTableAgainstModel' . \
+  $'\tif !s.writing {\n\t\ts.writing = true\n\t\tsrv.wg.Add(1)' \
+  $'\tif true {\n\t\ts.writing = true\n\t\tsrv.wg.Add(1)'
+mutant reader-writes-beside-the-writer server.go 'TestOwedAnswersAreBounded|TestRaceHunt|TestInterleavingPushAfterForceRelease' . \
+  $'\tif s.writing {\n\t\ts.srv.mu.Unlock()' \
+  $'\tif false {\n\t\ts.srv.mu.Unlock()'
+# endLocked: an ERROR decided for a session still in its TLS handshake.
+mutant frame-during-tls-handshake server.go 'TestShutdownWithTLSClientsIsBounded|TestTLSHandshakeIsBounded|TestShutdownSendsShuttingDownToEverySession' . \
+  'why = nil // a frame now would only start another handshake' \
+  '_ = why'
 
 # --- The wire format (protocol.go) ---
 mutant little-endian-lease protocol.go 'TestVectors|TestFrameBytes' . \
@@ -113,19 +253,19 @@ mutant lease-zero-accepted protocol.go 'TestErrorCodes' . \
   'if f.LeaseMS == 0 && false {'
 
 # --- The client (client.go) ---
-mutant client-timeout-from-reply-arrival client.go 'TestHolderStopsBeforeTheServerReleases|TestSyncTimeoutCountsFromTheConfirmedSend' . \
+mutant client-timeout-from-reply-arrival client.go 'TestHolderStopsBeforeTheServerReleases|TestTimeoutCountsFromTheConfirmedSend' . \
   'l.inflight, l.confirmed = false, l.lastSend' \
   'l.inflight, l.confirmed = false, at'
 mutant client-abandons-at-full-lease client.go 'TestHolderStopsBeforeTheServerReleases' . \
   'timeout := l.lease / 5 * 4' \
   'timeout := l.lease'
-mutant push-taken-as-reply client.go 'TestPushAfterLostHeartbeatConfirmsNothing|TestSyncPushConfirmsNothing' . \
+mutant push-taken-as-reply client.go 'TestPushAfterLostHeartbeatConfirmsNothing|TestPushConfirmsNothing' . \
   'l.st, l.token = holding, f.Token // the push' \
   'l.st, l.token, l.inflight, l.confirmed = holding, f.Token, false, l.lastSend // the push'
-mutant late-frame-confirms client.go 'TestFrameAfterTheDeadlineConfirmsNothing|TestSyncLateFrameConfirmsNothing' . \
+mutant late-frame-confirms client.go 'TestFrameAfterTheDeadlineConfirmsNothing|TestFrameAtTheDeadlineConfirmsNothing' . \
   'case !now.Before(deadline):' \
   'case false:'
-mutant late-frame-judged client.go 'TestClientRaceHunt|TestSyncLateFrameConfirmsNothing' . \
+mutant late-frame-judged client.go 'TestClientRaceHunt|TestFrameAtTheDeadlineConfirmsNothing' . \
   'case !now.Before(deadline):' \
   'case !now.Before(deadline) && rerr != nil:'
 mutant no-linger-after-loss client.go 'TestLostLockKeepsItsConnectionUntilRelease|TestHolderStopsBeforeTheServerReleases' . \
@@ -137,16 +277,16 @@ mutant do-keeps-fn-running-after-loss client.go 'TestLossWhileFnRunsIsJoinedWith
 mutant retry-client-errors client.go 'TestDoRetry' . \
   'case isServerErr && se.Temporary(),' \
   'case isServerErr,'
-mutant retry-wait-below-base client.go 'TestSyncDoRetryBackoff' . \
+mutant retry-wait-below-base client.go 'TestDoRetryBackoff' . \
   'time.NewTimer(backoff + rand.N(backoff/2))' \
   'time.NewTimer(backoff/2 + rand.N(backoff/2))'
-mutant retry-closed-before-any-reply client.go 'TestClientReviewDoRetryClosedBeforeAnyReply' . \
+mutant retry-closed-before-any-reply client.go 'TestDoRetryDoesNotRetryClosedBeforeAnyReply' . \
   '&& !errors.Is(err, errNoReply):' \
   ':'
-mutant unsolicited-frame-waited-for client.go 'TestClientReviewUnsolicitedDripDetectedLate' . \
+mutant unsolicited-frame-waited-for client.go 'TestUnsolicitedFrameIsAViolationAtItsTypeByte' . \
   'case err == nil && typ[0] != TypeError && !l.inflight && l.st != queued:' \
   'case false:'
-mutant token-zero-accepted client.go 'TestClientReviewTokenZero' . \
+mutant token-zero-accepted client.go 'TestTokenZeroIsRefused' . \
   'case f.Type == TypeAcquired && f.Token == 0:' \
   'case false:'
 mutant waiting-after-acquired-accepted client.go 'TestProtocolViolations' . \
