@@ -21,19 +21,25 @@ import (
 )
 
 // The rules the code keeps (docs/sessions.md explains the design), each
-// enforced in the one function it names:
+// with the one place that enforces it:
 //
-//  1. srv.mu guards the table and every session's state; no network I/O
-//     under it, and nobody waits for a lock but srv.mu.
-//  2. owe decides a frame, under srv.mu, only for a live session; drain
-//     alone writes, on the goroutine holding the writer's role (writing).
-//  3. endLocked is the only way out of the table; afterwards only the
-//     final ERROR is decided. stopLocked, another party's end, first drops
-//     what was decided and not yet taken by the writer.
-//  4. promoteLocked grants only a waiter whose lease has not passed.
-//  5. wakeLocked starts a writer for what another party decided: nobody
+//  1. srv.mu guards the table and the fields of a session marked so; every
+//     function that touches them is named ...Locked or takes srv.mu, and
+//     none does network I/O with it held.
+//  2. Frames are decided only by owe (answers) and endLocked (the final
+//     ERROR), only for a live session.
+//  3. drainLocked alone writes, on the goroutine holding the writer's role,
+//     taken only by wakeLocked and drainOwnLocked.
+//  4. endLocked is the only way out of the table; stopLocked, another
+//     party's end, first drops what was decided and not yet taken.
+//  5. After a stop, no write but the final ERROR begins: drainLocked checks
+//     stopped after its deadline, cutLocked's caller sets a past one.
+//  6. The bytes of one read are decided together, by heartbeatLocked in
+//     the critical section that ends the session if one is bad.
+//  7. promoteLocked grants only a waiter whose lease has not passed.
+//  8. wakeLocked starts a writer for what another party decided: nobody
 //     waits on another session's socket.
-//  6. emitLocked queues events with the table change they describe.
+//  9. emitLocked queues events with the table change they describe.
 
 // DefaultIOTimeout is the io-timeout of a Server whose IOTimeout is zero.
 const DefaultIOTimeout = 5 * time.Second
@@ -639,7 +645,7 @@ func (srv *Server) nextTokenLocked(now time.Time) uint64 {
 	return t
 }
 
-// endLocked takes s out of the table, once, whatever the cause (rule 3):
+// endLocked takes s out of the table, once, whatever the cause (rule 4):
 // a holder's lock goes to the next live waiter, unless closing. It decides
 // the final ERROR when why has a code; drain then closes.
 func (srv *Server) endLocked(s *session, why error) {
@@ -689,7 +695,7 @@ func (srv *Server) stopLocked(s *session, why error) {
 }
 
 // promoteLocked grants l to its first waiter whose lease has not passed
-// by the server's clock (rule 4), ending those before it as expired.
+// by the server's clock (rule 7), ending those before it as expired.
 func (srv *Server) promoteLocked(l *lock) {
 	for front := l.waiters.Front(); front != nil; front = l.waiters.Front() {
 		next := l.waiters.Remove(front).(*session)
@@ -706,7 +712,7 @@ func (srv *Server) promoteLocked(l *lock) {
 	}
 }
 
-// wakeLocked gets what another party decided for s written (rule 5): by
+// wakeLocked gets what another party decided for s written (rule 8): by
 // the writer at work, which gives up its role only with nothing owed, or
 // by a goroutine of its own. The decider never waits on s's socket.
 func (srv *Server) wakeLocked(s *session) {
@@ -752,11 +758,11 @@ func releaseReason(why error) string {
 	return ReasonGraceful
 }
 
-// drainLocked is the one writer (rule 2), on the goroutine holding the
+// drainLocked is the one writer (rule 3), on the goroutine holding the
 // role, called with srv.mu held, which it releases: it takes what s is
 // owed, writes it with srv.mu released, and repeats until nothing is left,
 // then closes the connection of an ending session. A batch taken before
-// stopLocked and not yet begun is dropped (rule 3): stopped is checked
+// stopLocked and not yet begun is dropped (rule 5): stopped is checked
 // after the deadline is set, and a stopper sets a past deadline after the
 // stop (cutLocked), so a write either sees the stop or fails before its
 // own deadline with nothing sent; the stream is then whole, and a final
@@ -881,7 +887,7 @@ const (
 	EventKickWaiter   = "kick_waiter"
 )
 
-// emitLocked queues ev, about s, for OnEvent (rule 6); one goroutine at a
+// emitLocked queues ev, about s, for OnEvent (rule 9); one goroutine at a
 // time delivers them, outside srv.mu.
 func (srv *Server) emitLocked(ev Event, s *session) {
 	if srv.OnEvent == nil {
@@ -1045,7 +1051,7 @@ func (srv *Server) KickWaiter(name, remoteAddr string) (SessionInfo, error) {
 }
 
 // kick ends the session find picks, under srv.mu like every end, and
-// returns without waiting for its socket or its successor's (rule 5);
+// returns without waiting for its socket or its successor's (rule 8);
 // after it, no write but the final ERROR begins (cutLocked).
 func (srv *Server) kick(name, event string, find func(*lock) (*session, error)) (SessionInfo, error) {
 	srv.mu.Lock()
