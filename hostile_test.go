@@ -10,6 +10,7 @@ import (
 	"runtime"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 )
@@ -273,62 +274,70 @@ func TestIdleSessionsKeepSmallStacks(t *testing.T) {
 }
 
 // A heartbeat flood from 8 connections must not slow another session's
-// heartbeat round trip by more than 10x. The flooders run in a child
+// heartbeat round trip by more than 10x, whether the flooders send bursts
+// of 4 KiB (the server pauses a session after a read of more than one
+// byte: without it, sessions that never block leave a quiet one waiting
+// for the runtime's network poll, every 10ms) or heartbeat back to back
+// with one in flight each (no pause applies). The flooders run in a child
 // process; as a control, the same child floods a server of its own, which
-// costs this process's CPU just as much. (Flooded sessions that never
-// block would leave a quiet session waiting for the runtime's network
-// poll, every 10ms: the server pauses a session after a read of more than
-// one byte.)
+// costs this process's CPU just as much.
 func TestHeartbeatFloodDelaysNobody(t *testing.T) {
 	if testing.Short() {
 		t.Skip("timing test")
 	}
-	srv := &Server{}
-	addr := startServer(t, srv)
-	probe := func(name string) time.Duration {
-		c := dialRaw(t, addr)
-		defer c.Close()
-		c.send(acquire(name, time.Minute))
-		c.expectAcquired()
-		var d []time.Duration
-		for range 500 {
-			t0 := time.Now()
-			c.send(heartbeat)
-			c.expectAcquired()
-			d = append(d, time.Since(t0))
-			time.Sleep(200 * time.Microsecond)
-		}
-		slices.Sort(d)
-		t.Logf("%s: heartbeat round trip p50=%v p99=%v max=%v", name, d[250], d[495], d[499])
-		return d[250]
-	}
-	flood := func(target string) func() {
-		cmd := exec.Command(os.Args[0], "-test.run=^TestHeartbeatFloodChild$", "-test.count=1")
-		cmd.Env = append(os.Environ(), "MONOLOCK_FLOOD_CHILD="+target)
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		time.Sleep(time.Second)
-		return func() { cmd.Process.Kill(); cmd.Wait() }
-	}
-	base := probe("baseline")
-	stop := flood("self")
-	control := probe("control: the child floods its own server")
-	stop()
-	stop = flood(addr)
-	flooded := probe("flooded: the child floods this server")
-	stop()
-	t.Logf("heartbeats decided by this server: %d", srv.Stats().Heartbeats)
-	if flooded > 10*max(control, base) && flooded > time.Millisecond {
-		t.Errorf("a heartbeat flood from 8 connections made another session's p50 round trip %v (%.0fx the control's %v)",
-			flooded, float64(flooded)/float64(control), control)
+	for _, mode := range []string{"burst", "ping-pong"} {
+		t.Run(mode, func(t *testing.T) {
+			srv := &Server{}
+			addr := startServer(t, srv)
+			probe := func(name string) time.Duration {
+				c := dialRaw(t, addr)
+				defer c.Close()
+				c.send(acquire(name, time.Minute))
+				c.expectAcquired()
+				var d []time.Duration
+				for range 500 {
+					t0 := time.Now()
+					c.send(heartbeat)
+					c.expectAcquired()
+					d = append(d, time.Since(t0))
+					time.Sleep(200 * time.Microsecond)
+				}
+				slices.Sort(d)
+				t.Logf("%s: heartbeat round trip p50=%v p99=%v max=%v", name, d[250], d[495], d[499])
+				return d[250]
+			}
+			flood := func(target string) func() {
+				cmd := exec.Command(os.Args[0], "-test.run=^TestHeartbeatFloodChild$", "-test.count=1")
+				cmd.Env = append(os.Environ(), "MONOLOCK_FLOOD_CHILD="+mode+" "+target)
+				if err := cmd.Start(); err != nil {
+					t.Fatal(err)
+				}
+				time.Sleep(time.Second)
+				return func() { cmd.Process.Kill(); cmd.Wait() }
+			}
+			base := probe("baseline")
+			stop := flood("self")
+			control := probe("control: the child floods its own server")
+			stop()
+			before := srv.Stats().Heartbeats
+			stop = flood(addr)
+			flooded := probe("flooded: the child floods this server")
+			stop()
+			t.Logf("heartbeats decided by this server during the flood: %d", srv.Stats().Heartbeats-before)
+			if flooded > 10*max(control, base) && flooded > time.Millisecond {
+				t.Errorf("a %s heartbeat flood from 8 connections made another session's p50 round trip %v (%.0fx the control's %v)",
+					mode, flooded, float64(flooded)/float64(control), control)
+			}
+		})
 	}
 }
 
-// TestHeartbeatFloodChild is the child process of TestReviewFloodSlowsOthers.
+// TestHeartbeatFloodChild is the child process of
+// TestHeartbeatFloodDelaysNobody: MONOLOCK_FLOOD_CHILD is the mode and the
+// server's address, or "self" for a server of its own.
 func TestHeartbeatFloodChild(t *testing.T) {
-	target := os.Getenv("MONOLOCK_FLOOD_CHILD")
-	if target == "" {
+	mode, target, ok := strings.Cut(os.Getenv("MONOLOCK_FLOOD_CHILD"), " ")
+	if !ok {
 		t.Skip("helper process only")
 	}
 	if target == "self" {
@@ -347,103 +356,25 @@ func TestHeartbeatFloodChild(t *testing.T) {
 		}
 		b, _ := acquire(fmt.Sprint("flood", i), time.Minute).AppendBinary(nil)
 		c.Write(b)
-		go io.Copy(io.Discard, c)
-		go func() {
-			buf := bytes.Repeat([]byte{TypeHeartbeat}, 4096)
-			for {
-				if _, err := c.Write(buf); err != nil {
-					os.Exit(0)
+		if mode == "burst" {
+			go io.Copy(io.Discard, c)
+			go func() {
+				buf := bytes.Repeat([]byte{TypeHeartbeat}, 4096)
+				for {
+					if _, err := c.Write(buf); err != nil {
+						os.Exit(0)
+					}
 				}
-			}
-		}()
-	}
-	select {}
-}
-
-// Connections that heartbeat back to back, one in flight each (so no read
-// of more than one byte, and no pause), must not slow another session's
-// round trip by more than 10x; the flood runs in a child process, beside a
-// control that floods a server of its own.
-func TestPingPongFloodDelaysNobody(t *testing.T) {
-	if testing.Short() {
-		t.Skip("timing test")
-	}
-	srv := &Server{}
-	addr := startServer(t, srv)
-	probe := func(name string) time.Duration {
-		c := dialRaw(t, addr)
-		defer c.Close()
-		c.send(acquire(name, time.Minute))
-		c.expectAcquired()
-		var d []time.Duration
-		for range 500 {
-			t0 := time.Now()
-			c.send(heartbeat)
-			c.expectAcquired()
-			d = append(d, time.Since(t0))
-			time.Sleep(200 * time.Microsecond)
+			}()
+			continue
 		}
-		slices.Sort(d)
-		t.Logf("%s: heartbeat round trip p50=%v p99=%v max=%v", name, d[250], d[495], d[499])
-		return d[250]
-	}
-	flood := func(target string) func() {
-		cmd := exec.Command(os.Args[0], "-test.run=^TestPingPongFloodChild$", "-test.count=1")
-		cmd.Env = append(os.Environ(), "MONOLOCK_AUDIT_PINGPONG="+target)
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		time.Sleep(time.Second)
-		return func() { cmd.Process.Kill(); cmd.Wait() }
-	}
-	base := probe("baseline")
-	stop := flood("self")
-	control := probe("control: the child ping-pongs its own server")
-	stop()
-	before := srv.Stats().Heartbeats
-	stop = flood(addr)
-	flooded := probe("flooded: the child ping-pongs this server")
-	stop()
-	t.Logf("heartbeats decided by this server during the flood: %d", srv.Stats().Heartbeats-before)
-	if flooded > 10*max(control, base) && flooded > time.Millisecond {
-		t.Errorf("a ping-pong heartbeat flood from 8 connections made another session's p50 round trip %v (%.0fx the control's %v)",
-			flooded, float64(flooded)/float64(control), control)
-	}
-}
-
-func TestPingPongFloodChild(t *testing.T) {
-	target := os.Getenv("MONOLOCK_AUDIT_PINGPONG")
-	if target == "" {
-		t.Skip("helper process only")
-	}
-	if target == "self" {
-		srv := &Server{}
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		go srv.Serve(l)
-		target = l.Addr().String()
-	}
-	for i := range 8 {
-		c, err := net.Dial("tcp", target)
-		if err != nil {
-			t.Fatal(err)
-		}
-		b, _ := acquire(fmt.Sprint("pingpong", i), time.Minute).AppendBinary(nil)
-		c.Write(b)
-		go func() {
-			if _, err := ReadFrame(c); err != nil {
-				os.Exit(0)
-			}
-			for {
+		go func() { // ping-pong
+			for _, err := ReadFrame(c); err == nil; _, err = ReadFrame(c) {
 				if _, err := c.Write([]byte{TypeHeartbeat}); err != nil {
-					os.Exit(0)
-				}
-				if _, err := ReadFrame(c); err != nil {
-					os.Exit(0)
+					break
 				}
 			}
+			os.Exit(0)
 		}()
 	}
 	select {}
