@@ -393,6 +393,16 @@ func shutdownNow(t *testing.T, srv *Server, served <-chan error) {
 	}
 }
 
+// joinProbe connects name over n, sends acq and watches what it receives.
+func joinProbe(t *testing.T, n *probeNet, name string, acq Frame) (net.Conn, *probeConn, *clientStream) {
+	t.Helper()
+	c, pc := n.pair(name)
+	n.accept(pc)
+	s := watch(name, c)
+	sendFrames(t, c, acq)
+	return c, pc, s
+}
+
 func serveProbes(t *testing.T, srv *Server) (*probeNet, <-chan error) {
 	n := newProbeNet(t)
 	served := make(chan error, 1)
@@ -414,10 +424,7 @@ func TestPromotionSkipsEndingWaiter(t *testing.T) {
 	srv := &Server{IOTimeout: soon, OnEvent: ev.add}
 	n, served := serveProbes(t, srv)
 
-	hc, hs := n.pair("h")
-	n.accept(hs)
-	h := watch("h", hc)
-	sendFrames(t, hc, acquire("x", time.Minute))
+	hc, _, h := joinProbe(t, n, "h", acquire("x", time.Minute))
 	h.next(t, TypeAcquired)
 
 	ac, as := n.pair("a")
@@ -493,10 +500,7 @@ func TestPromotionSkipsExpiredWaiter(t *testing.T) {
 	srv := &Server{IOTimeout: soon, OnEvent: ev.add}
 	n, served := serveProbes(t, srv)
 
-	hc, hs := n.pair("h")
-	n.accept(hs)
-	h := watch("h", hc)
-	sendFrames(t, hc, acquire("x", time.Minute))
+	hc, _, h := joinProbe(t, n, "h", acquire("x", time.Minute))
 	h.next(t, TypeAcquired)
 
 	const lease = 50 * time.Millisecond
@@ -516,10 +520,7 @@ func TestPromotionSkipsExpiredWaiter(t *testing.T) {
 	sendFrames(t, ac, acquire("x", lease))
 	a.next(t, TypeWaiting)
 
-	bc, bs := n.pair("b")
-	n.accept(bs)
-	b := watch("b", bc)
-	sendFrames(t, bc, acquire("x", time.Minute))
+	_, _, b := joinProbe(t, n, "b", acquire("x", time.Minute))
 	b.next(t, TypeWaiting)
 
 	select {
@@ -648,10 +649,7 @@ func TestNoHeartbeatReplyAfterForceRelease(t *testing.T) {
 	sendFrames(t, ac, acquire("x", time.Minute))
 	tA := a.next(t, TypeAcquired).Token
 
-	bc, bs := n.pair("b")
-	n.accept(bs)
-	b := watch("b", bc)
-	sendFrames(t, bc, acquire("x", time.Minute))
+	_, _, b := joinProbe(t, n, "b", acquire("x", time.Minute))
 	b.next(t, TypeWaiting)
 
 	armed.Store(true)
@@ -677,10 +675,7 @@ func TestNoPushAfterForceRelease(t *testing.T) {
 	srv := &Server{IOTimeout: soon}
 	n, served := serveProbes(t, srv)
 
-	hc, hs := n.pair("h")
-	n.accept(hs)
-	h := watch("h", hc)
-	sendFrames(t, hc, acquire("x", time.Minute))
+	hc, _, h := joinProbe(t, n, "h", acquire("x", time.Minute))
 	h.next(t, TypeAcquired)
 
 	ac, as := n.pair("a")
@@ -692,10 +687,7 @@ func TestNoPushAfterForceRelease(t *testing.T) {
 	sendFrames(t, ac, acquire("x", time.Minute))
 	a.next(t, TypeWaiting)
 
-	bc, bs := n.pair("b")
-	n.accept(bs)
-	b := watch("b", bc)
-	sendFrames(t, bc, acquire("x", time.Minute))
+	_, _, b := joinProbe(t, n, "b", acquire("x", time.Minute))
 	b.next(t, TypeWaiting)
 
 	armed.Store(true)
@@ -722,10 +714,7 @@ func TestNoHeartbeatReplyAfterKickWaiter(t *testing.T) {
 	srv := &Server{IOTimeout: soon}
 	n, served := serveProbes(t, srv)
 
-	hc, hs := n.pair("h")
-	n.accept(hs)
-	h := watch("h", hc)
-	sendFrames(t, hc, acquire("x", time.Minute))
+	_, _, h := joinProbe(t, n, "h", acquire("x", time.Minute))
 	tH := h.next(t, TypeAcquired).Token
 
 	ac, as := n.pair("a")
@@ -873,10 +862,7 @@ func TestNoWriteAfterFailedPush(t *testing.T) {
 	srv := &Server{IOTimeout: soon}
 	n, served := serveProbes(t, srv)
 
-	hc, hs := n.pair("h")
-	n.accept(hs)
-	h := watch("h", hc)
-	sendFrames(t, hc, acquire("x", time.Minute))
+	hc, _, h := joinProbe(t, n, "h", acquire("x", time.Minute))
 	h.next(t, TypeAcquired)
 
 	ac, as := n.pair("a")
@@ -2753,10 +2739,7 @@ func TestIOTimeoutBoundsTheWholeRestOfAFrame(t *testing.T) {
 func TestPromotionSkipsAWaiterEndingOnItsOwnFrame(t *testing.T) {
 	srv := &Server{}
 	n, served := serveProbes(t, srv)
-	hc, hs := n.pair("h")
-	n.accept(hs)
-	h := watch("h", hc)
-	sendFrames(t, hc, acquire("x", time.Minute))
+	_, _, h := joinProbe(t, n, "h", acquire("x", time.Minute))
 	h.next(t, TypeAcquired)
 	wc, ws := n.pair("w")
 	readBad := make(chan struct{})
@@ -2816,10 +2799,7 @@ func TestAcquireAndBadByteInOneSegmentAreDecidedTogether(t *testing.T) {
 	srv := &Server{IOTimeout: soon, OnEvent: ev.add}
 	n, served := serveProbes(t, srv)
 
-	hc, hs := n.pair("h")
-	n.accept(hs)
-	h := watch("h", hc)
-	sendFrames(t, hc, acquire("x", time.Minute))
+	hc, _, h := joinProbe(t, n, "h", acquire("x", time.Minute))
 	h.next(t, TypeAcquired)
 
 	ac, as := n.pair("a")
