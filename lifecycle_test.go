@@ -2749,16 +2749,18 @@ func TestPromotionSkipsAWaiterEndingOnItsOwnFrame(t *testing.T) {
 			close(readBad) // w's goroutine goes on to srv.mu.Lock
 		}
 	}
-	var deadlines atomic.Int32
-	ws.beforeSetRD = func() { deadlines.Add(1) }
+	reading := make(chan struct{})
+	var once atomic.Bool
+	ws.beforeSetRD = func() { // acquire sets its deadlines before any write; run, after WAITING's
+		if ws.writes.Load() > 0 && once.CompareAndSwap(false, true) {
+			close(reading)
+		}
+	}
 	n.accept(ws)
 	w := watch("w", wc)
 	sendFrames(t, wc, acquire("x", time.Minute))
 	w.next(t, TypeWaiting)
-	// acquire set its deadlines before it wrote WAITING: the next one is
-	// run's, just before it reads.
-	before := deadlines.Load()
-	waitFor(t, "w's goroutine to set run's read deadline", func() bool { return deadlines.Load() > before })
+	await(t, reading, "w's goroutine to set run's read deadline")
 	time.Sleep(20 * time.Millisecond) // and to wait in its read
 
 	srv.mu.Lock()
