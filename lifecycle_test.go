@@ -2218,7 +2218,7 @@ func finalErrorSurvivesALateCut(t *testing.T, end func(srv *Server) error, want 
 	defer func() {
 		l.Close()
 		srv.Close()
-		<-served
+		await(t, served, "Serve to return after Close")
 	}()
 
 	client, server := net.Pipe()
@@ -2326,7 +2326,7 @@ func forceReleaseBeforeWrite(t *testing.T, useTLS bool) {
 	defer func() {
 		l.Close()
 		srv.Close()
-		<-served
+		await(t, served, "Serve to return after Close")
 	}()
 
 	cpipe, spipe := net.Pipe()
