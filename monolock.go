@@ -2,36 +2,28 @@
 //
 // # Model
 //
-// A client opens a connection and sends one ACQUIRE that names a lock and
-// chooses a lease. The connection is then a session: the lock's holder,
-// answered with ACQUIRED and a fencing token, or a waiter at the back of
-// the lock's strict FIFO queue, answered with WAITING. Closing the
-// connection releases the lock or the place in the queue, and the server
-// at once pushes ACQUIRED to the next waiter. A session silent for longer
-// than its own lease is dropped; the lease sets only how fast a dead
-// client is detected, never how long a lock may be held. There is no
-// RELEASE message, no session id and no persistence.
+// A client opens a connection and sends one ACQUIRE naming a lock and
+// choosing a lease. The connection is then a session: the holder,
+// answered ACQUIRED with a fencing token, or a waiter at the back of the
+// lock's strict FIFO queue, answered WAITING. Closing the connection
+// releases, and the server at once pushes ACQUIRED to the next waiter. A
+// session silent for longer than its own lease is dropped: the lease sets
+// how fast a dead client is detected, never how long a lock may be held.
+// There is no RELEASE message, no session id and no persistence.
 //
-// # Guarantees
+// # Guarantees and limits
 //
-//   - At most one holder per lock at any instant, as the server sees it.
-//   - Waiters are granted in the order their ACQUIRE was read.
-//   - Fencing tokens come from one sequence shared by all locks, strictly
-//     increasing for the life of the process and at least the wall-clock
-//     time of the grant in Unix nanoseconds, so a restarted server
-//     continues above its predecessor unless the clock stepped back in
-//     between.
-//   - A client that follows the heartbeat rules gives up its claim (at 0.8
-//     of its lease, from the send of the last confirmed message) before
-//     the server can drop it and grant the lock to someone else.
-//
-// # Limits
-//
-// One server, in memory, no replication: when it stops, every lock is
-// released and every client is told (ERROR 0x01) or loses its connection.
-// Against a holder that stalls (a GC pause, a frozen VM), exclusion is
-// only as good as its reaction to the loss: pass the fencing token to the
-// guarded resource and let it refuse a token lower than one it has seen.
+// At most one holder per lock at any instant, as the server sees it;
+// waiters granted in the order their ACQUIRE was read; fencing tokens from
+// one sequence for all locks, strictly increasing and at least the grant's
+// wall-clock time in Unix nanoseconds, so that a restart continues above
+// its predecessor unless the clock stepped back. A client that follows the
+// heartbeat rules gives up its claim (0.8 of its lease after the send of
+// its last confirmed message) before the server can grant the lock to
+// another. One server, in memory: when it stops every lock is released.
+// Against a holder that stalls (a GC pause, a frozen VM) exclusion is only
+// as good as its reaction to the loss: pass the token to the guarded
+// resource and let it refuse a token lower than one it has seen.
 //
 // # Use
 //
@@ -41,11 +33,8 @@
 //			return runImport(ctx, token) // stop when ctx is done; pass token on
 //		})
 //
-// Do waits in the queue, heartbeats while fn runs and releases when fn
-// returns; when fn's context is cancelled, fn must stop touching the
-// resource. Acquire returns a *Lock for code that cannot live inside a
-// callback; DoRetry retries what may succeed later. A Server (zero value
-// ready; Serve, then Shutdown) has hooks for operators: Authorize, OnEvent,
-// Stats, Locks, ForceRelease and KickWaiter. The README covers both sides;
-// docs/protocol.md in this module's repository is the normative wire format.
+// Acquire returns a *Lock for code that cannot live in a callback; DoRetry
+// retries what may succeed later. A Server (zero value ready: Serve, then Shutdown) has hooks for
+// operators: Authorize, OnEvent, Stats, Locks, ForceRelease, KickWaiter.
+// docs/protocol.md in this module's repository is the wire format.
 package monolock

@@ -24,8 +24,7 @@ const (
 	MaxNameLen   = 255 // bytes of UTF-8; a protocol limit, not a setting
 	MaxReasonLen = 255
 
-	// MaxLease is the longest lease lease_ms can carry (about 49.7 days).
-	MaxLease = math.MaxUint32 * time.Millisecond
+	MaxLease = math.MaxUint32 * time.Millisecond // what lease_ms carries: about 49.7 days
 )
 
 // A Code is an ERROR frame's code: the contract; the reason is for people.
@@ -175,20 +174,16 @@ func ReadFrame(r io.Reader) (Frame, error) {
 		return Frame{Type: typ[0]}, nil
 	case TypeAcquired:
 		var b [8]byte
-		if err := readFull(r, b[:]); err != nil {
-			return Frame{}, err
-		}
-		return Frame{Type: TypeAcquired, Token: binary.BigEndian.Uint64(b[:])}, nil
+		err := readFull(r, b[:])
+		return Frame{Type: TypeAcquired, Token: binary.BigEndian.Uint64(b[:])}, err
 	case TypeError:
 		var b [2]byte
 		if err := readFull(r, b[:]); err != nil {
 			return Frame{}, err
 		}
 		reason := make([]byte, b[1])
-		if err := readFull(r, reason); err != nil {
-			return Frame{}, err
-		}
-		return Frame{Type: TypeError, Code: Code(b[0]), Reason: string(reason)}, nil
+		err := readFull(r, reason)
+		return Frame{Type: TypeError, Code: Code(b[0]), Reason: string(reason)}, err
 	}
 	return Frame{}, unknownType(typ[0])
 }

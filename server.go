@@ -20,26 +20,23 @@ import (
 	"time"
 )
 
-// The rules the code keeps (docs/sessions.md explains the design), each
-// with the one place that enforces it:
+// The rules, each kept at one place (docs/sessions.md has the design):
 //
-//  1. srv.mu guards the table and the fields of a session marked so; every
-//     function that touches them is named ...Locked or takes srv.mu, and
-//     none does network I/O with it held.
-//  2. Frames are decided only by owe (answers) and endLocked (the final
-//     ERROR), only for a live session.
-//  3. drainLocked alone writes, on the goroutine holding the writer's role,
-//     taken only by wakeLocked and drainOwnLocked.
+//  1. srv.mu guards the table and a session's marked fields; whoever touches
+//     them is named ...Locked or takes srv.mu, and does no I/O with it held.
+//  2. Frames are decided only by owe and endLocked, only for a live session.
+//  3. drainLocked alone writes, holding the writer's role, which only
+//     wakeLocked and drainOwnLocked hand out.
 //  4. endLocked is the only way out of the table; stopLocked, another
 //     party's end, first drops what was decided and not yet taken.
-//  5. After a stop, no write but the final ERROR begins: drainLocked checks
-//     stopped after its deadline, cutLocked's caller sets a past one.
-//  6. The bytes of one read are decided together, by heartbeatLocked in
-//     the critical section that ends the session if one is bad.
+//  5. After a stop no write but the final ERROR begins: drainLocked checks
+//     stopped after its deadline; cutLocked's caller sets a past one.
+//  6. heartbeatLocked decides one read's bytes together, in the critical
+//     section that ends the session if one is bad.
 //  7. promoteLocked grants only a waiter whose lease has not passed.
-//  8. wakeLocked starts a writer for what another party decided: nobody
-//     waits on another session's socket.
-//  9. emitLocked queues events with the table change they describe.
+//  8. wakeLocked writes what another party decided: nobody waits on
+//     another session's socket.
+//  9. emitLocked queues an event with the table change it describes.
 
 // DefaultIOTimeout is the io-timeout of a Server whose IOTimeout is zero.
 const DefaultIOTimeout = 5 * time.Second
@@ -54,8 +51,8 @@ type Server struct {
 	// begun, the TLS handshake and every write. Zero: DefaultIOTimeout.
 	IOTimeout time.Duration
 
-	// Logger receives diagnostics, if set. Failed TLS handshakes and refused
-	// ACQUIREs are logged at info, at most once a second each, counting skips.
+	// Logger, if set, receives diagnostics; failed TLS handshakes and
+	// refused ACQUIREs at info, at most once a second each.
 	Logger *slog.Logger
 
 	// Authorize, if set, decides whether a client may acquire a lock (else
@@ -65,10 +62,9 @@ type Server struct {
 	Authorize func(identity, lock string) bool
 
 	// OnEvent, if set, is told of every grant, release, denial and admin
-	// action, one call at a time in table order (a release before the
-	// lock's next grant), on a server goroutine with no lock held. Up to
-	// 16384 events wait while it is busy; more are dropped and counted in
-	// Stats.EventsDropped. Shutdown waits for them until its ctx ends.
+	// action, one call at a time in table order, with no lock held. Up to
+	// 16384 events wait while it is busy; more are dropped (Stats.
+	// EventsDropped). Shutdown waits for them until its ctx ends.
 	OnEvent func(Event)
 
 	closing                 atomic.Bool
@@ -87,8 +83,7 @@ type Server struct {
 	delivering bool          // an event goroutine runs
 }
 
-// maxQueuedEvents bounds the memory a stalled OnEvent can hold.
-const maxQueuedEvents = 1 << 14
+const maxQueuedEvents = 1 << 14 // the memory a stalled OnEvent can hold
 
 // lock exists only while it has a holder or waiters.
 type lock struct {
@@ -108,8 +103,7 @@ const (
 	phaseClosed
 )
 
-// session is one connection. Its goroutine (one at a time: see serve)
-// alone reads conn; drain writes it.
+// session is one connection: its goroutine alone reads, drainLocked writes.
 type session struct {
 	srv      *Server
 	conn     net.Conn
@@ -126,8 +120,8 @@ type session struct {
 	seen  time.Time     // lastSeenAt: the read of the last valid frame
 	token uint64        // of the grant; 0 while waiting
 
-	// The outbox, written in this order: no WAITING is ever decided after
-	// an ACQUIRED, as the phase only moves forward.
+	// The outbox, written in this order, the order of deciding: the
+	// phase only moves forward.
 	owedWaiting, owedAcquired uint32
 	final                     error       // the final ERROR's cause, while ending
 	writing                   bool        // a goroutine has the writer's role
@@ -147,30 +141,20 @@ func (srv *Server) ioTimeout() time.Duration {
 
 var discard = slog.New(slog.DiscardHandler)
 
-func (srv *Server) log() *slog.Logger {
-	if srv.Logger != nil {
-		return srv.Logger
-	}
-	return discard
-}
+func (srv *Server) log() *slog.Logger { return cmp.Or(srv.Logger, discard) }
 
-// infoLimit lets one kind of info line through once a second, counting
-// those left out: a flood of bad clients must not flood the log.
-type infoLimit struct{ next, left atomic.Int64 }
+// infoLimit lets one kind of line through once a second: a flood of bad
+// clients must not flood the log (Stats counts them all).
+type infoLimit struct{ next atomic.Int64 }
 
 func (srv *Server) infoLimited(lim *infoLimit, msg string, args ...any) {
 	now, next := time.Now().UnixNano(), lim.next.Load()
-	if now < next || !lim.next.CompareAndSwap(next, now+int64(time.Second)) {
-		lim.left.Add(1)
-		return
+	if now >= next && lim.next.CompareAndSwap(next, now+int64(time.Second)) {
+		srv.log().Info(msg, args...)
 	}
-	if left := lim.left.Swap(0); left > 0 {
-		args = append(args, "suppressed", left)
-	}
-	srv.log().Info(msg, args...)
 }
 
-// initLocked allocates the maps on first use, so that the zero Server works.
+// initLocked makes the zero Server work.
 func (srv *Server) initLocked() {
 	if srv.locks == nil {
 		srv.locks = make(map[string]*lock)
@@ -183,8 +167,8 @@ func (srv *Server) initLocked() {
 }
 
 // Serve serves connections from l until Shutdown or Close, then returns
-// ErrServerClosed. Accept errors (EMFILE, ...) are logged and retried
-// after 5ms doubling to 1s; another error means l was closed by others.
+// ErrServerClosed. Accept errors (EMFILE, ...) are retried after 5ms
+// doubling to 1s; net.ErrClosed (l closed by others) is returned.
 func (srv *Server) Serve(l net.Listener) error {
 	srv.mu.Lock()
 	srv.initLocked()
@@ -200,30 +184,27 @@ func (srv *Server) Serve(l net.Listener) error {
 		delete(srv.listeners, l)
 		srv.mu.Unlock()
 	}()
-
-	var delay time.Duration
-	for {
+	for delay := time.Duration(0); ; {
 		conn, err := l.Accept()
-		if err != nil {
-			if srv.closing.Load() {
-				return ErrServerClosed
-			}
-			if errors.Is(err, net.ErrClosed) {
-				return err
-			}
-			srv.mu.Lock()
-			srv.counts.AcceptErrors++
-			srv.mu.Unlock()
-			delay = min(max(2*delay, 5*time.Millisecond), time.Second)
-			srv.log().Error("accept failed; retrying", "err", err, "retry_in", delay)
-			select {
-			case <-time.After(delay):
-			case <-done:
-			}
+		switch {
+		case err == nil:
+			delay = 0
+			srv.start(conn)
 			continue
+		case srv.closing.Load():
+			return ErrServerClosed
+		case errors.Is(err, net.ErrClosed):
+			return err
 		}
-		delay = 0
-		srv.start(conn)
+		srv.mu.Lock()
+		srv.counts.AcceptErrors++
+		srv.mu.Unlock()
+		delay = min(max(2*delay, 5*time.Millisecond), time.Second)
+		srv.log().Error("accept failed; retrying", "err", err, "retry_in", delay)
+		select {
+		case <-time.After(delay):
+		case <-done:
+		}
 	}
 }
 
@@ -234,21 +215,22 @@ func (srv *Server) start(conn net.Conn) {
 	}
 	srv.mu.Lock()
 	srv.counts.ConnectionsAccepted++
-	if srv.closing.Load() {
-		srv.mu.Unlock()
+	closing := srv.closing.Load()
+	if !closing {
+		srv.sessions[s] = struct{}{}
+		srv.wg.Add(1)
+	}
+	srv.mu.Unlock()
+	if closing {
 		closeConn(conn)
 		return
 	}
-	srv.sessions[s] = struct{}{}
-	srv.wg.Add(1)
-	srv.mu.Unlock()
 	go s.serve()
 }
 
 // Shutdown stops accepting, sends ERROR 0x01 to every session, promoting
-// no waiter, and waits for them, closing at once those not done within an
-// io-timeout (a client that does not read); then for OnEvent. If ctx ends
-// first, it closes every connection and returns ctx's error at once.
+// nobody, and waits for them (closing those not done in an io-timeout)
+// and for OnEvent. When ctx ends it closes all and returns ctx's error.
 func (srv *Server) Shutdown(ctx context.Context) error {
 	srv.mu.Lock()
 	listeners, stopped := srv.beginCloseLocked()
@@ -259,27 +241,18 @@ func (srv *Server) Shutdown(ctx context.Context) error {
 	closeAll(listeners, stopped)
 	finished := make(chan struct{})
 	go func() { srv.wg.Wait(); srv.eventWG.Wait(); close(finished) }()
-	bound := time.NewTimer(srv.ioTimeout())
+	bound := time.AfterFunc(srv.ioTimeout(), func() { srv.Close() })
 	defer bound.Stop()
-	select {
-	case <-finished:
-		return nil
-	case <-bound.C:
-		srv.Close()
-	case <-ctx.Done():
-		srv.Close()
-		return ctx.Err()
-	}
 	select {
 	case <-finished: // soon after Close, unless Authorize or OnEvent is slow
 		return nil
 	case <-ctx.Done():
+		srv.Close()
 		return ctx.Err()
 	}
 }
 
-// Close stops accepting and closes every connection at once, without
-// waiting.
+// Close stops accepting and closes every connection at once.
 func (srv *Server) Close() error {
 	srv.mu.Lock()
 	listeners, _ := srv.beginCloseLocked()
@@ -293,9 +266,8 @@ func (srv *Server) Close() error {
 	return nil
 }
 
-// beginCloseLocked marks the server closing and ends every session
-// without promoting anyone. It returns the listeners, to close, and the
-// sessions it stopped, whose writes to cut (see cutLocked).
+// beginCloseLocked ends every session, promoting nobody, and returns the
+// listeners to close and the sessions whose writes to cut (cutLocked).
 func (srv *Server) beginCloseLocked() (listeners []io.Closer, cut []*session) {
 	srv.initLocked()
 	if !srv.closing.Swap(true) {
@@ -315,11 +287,12 @@ func (srv *Server) beginCloseLocked() (listeners []io.Closer, cut []*session) {
 	return listeners, cut
 }
 
-// closeAll closes cs, raw, and cuts the writes of sessions, outside srv.mu.
+// closeAll closes cs without TLS's close_notify, which may wait on a
+// client that does not read, and cuts the writes of sessions.
 func closeAll(cs []io.Closer, sessions []*session) {
 	for _, c := range cs {
 		if tc, ok := c.(*tls.Conn); ok {
-			c = tc.NetConn() // no close_notify, which may wait on a client that does not read
+			c = tc.NetConn()
 		}
 		c.Close()
 	}
@@ -328,28 +301,27 @@ func closeAll(cs []io.Closer, sessions []*session) {
 	}
 }
 
-// closeConn skips TLS's close_notify, which waits up to 5 s for a client
-// that does not read: the protocol's last word is ERROR or the close.
 func closeConn(c net.Conn) { closeAll([]io.Closer{c}, nil) }
 
 // Why a session ended, besides the errors it sent and the I/O errors.
 var (
 	errExpired   = errors.New("silent for longer than its lease")
-	errIOTimeout = errors.New("io-timeout")
 	errUnread    = errors.New("more than 65536 answers unread")
 	errEnded     = errors.New("ended by another") // Shutdown, an administrator, a failed write
 	errEndedHere = errors.New("ended in acquire") // not an end: acquire has ended the session
 )
 
 const (
-	maxOwed    = 1 << 16          // what a session may owe while a writer is stuck on it
+	maxOwed    = 1 << 16          // answers owed while a writer is stuck
 	floodPause = time.Millisecond // a byte, after a read of more than one: see run
+	maxBatch   = 1024             // bytes a write: a flood is answered in turns
 )
 
-// serve handshakes and reads the ACQUIRE; once the session joined the
-// table, a fresh goroutine takes it over. The first frame is the deepest
-// work, and Go does not shrink a stack back while it waits in a read: the
-// handover keeps an idle session's stack at 2 KiB instead of 4 KiB.
+var batches = sync.Pool{New: func() any { return new([maxBatch]byte) }}
+
+// serve handshakes and reads the ACQUIRE, then hands over to a fresh
+// goroutine: Go does not shrink the stack the deeper first frame grew
+// while it waits in a read, so an idle session keeps 2 KiB, not 4.
 func (s *session) serve() {
 	if tc, ok := s.conn.(*tls.Conn); ok {
 		if err := s.handshake(tc); err != nil {
@@ -373,48 +345,40 @@ func (s *session) handshake(tc *tls.Conn) error {
 	tc.SetDeadline(time.Now().Add(srv.ioTimeout()))
 	err := tc.Handshake()
 	srv.mu.Lock()
-	stopped := s.phase >= phaseEnding
-	if !stopped && err != nil {
+	failed := err != nil && s.phase < phaseEnding // not for a Shutdown's close
+	if failed {
 		srv.counts.TLSHandshakeErrors++
-	} else if !stopped {
+	} else if s.phase < phaseEnding {
 		s.phase = phaseConnected
 	}
 	srv.mu.Unlock()
+	if failed {
+		srv.infoLimited(&srv.handshakeLog, "TLS handshake failed", "remote", s.remote, "err", err)
+	}
 	if err != nil {
-		if !stopped {
-			srv.infoLimited(&srv.handshakeLog, "TLS handshake failed", "remote", s.remote, "err", err)
-		}
 		return fmt.Errorf("TLS handshake: %w", err)
 	}
 	s.identity = Identity(tc.ConnectionState())
 	return nil
 }
 
-// acquire reads the first frame, which must be a valid ACQUIRE, checks it,
-// and joins the table.
+// acquire reads the first frame, a valid ACQUIRE, and joins the table.
 func (s *session) acquire() error {
 	srv := s.srv
 	s.conn.SetReadDeadline(time.Now().Add(srv.ioTimeout()))
 	n, err := s.conn.Read(s.rbuf[:])
 	if n == 0 {
-		if isTimeout(err) {
-			return errIOTimeout
-		}
-		return err
+		return cmp.Or(err, io.EOF)
 	}
 	s.r, s.w = 1, uint8(n)
-	switch typ := s.rbuf[0]; typ {
-	case TypeHeartbeat:
+	if typ := s.rbuf[0]; typ == TypeHeartbeat {
 		return ErrAcquireFirst
-	case TypeAcquire:
-	default:
+	} else if typ != TypeAcquire {
 		return unknownType(typ)
 	}
 	s.conn.SetReadDeadline(time.Now().Add(srv.ioTimeout())) // the rest of a begun frame
 	f, err := readAcquire(s)
-	if isTimeout(err) {
-		return errIOTimeout
-	} else if err != nil {
+	if err != nil {
 		return err
 	}
 	read := time.Now() // lastSeenAt
@@ -454,14 +418,12 @@ func (s *session) Read(p []byte) (int, error) {
 	return n, nil
 }
 
-// run reads and answers heartbeats until the session ends: at most
-// len(rbuf) bytes at a time, answered in one write before the next read,
-// so a client that does not read is held back by its own socket. After a
-// read of more than one byte, which a client with one heartbeat in flight
-// never causes, the goroutine sleeps floodPause a byte: a flood is
-// answered at most a thousand heartbeats a second, and leaves the
-// processors idle often enough for the runtime to poll the network for
-// everyone else.
+// run reads and answers heartbeats until the session ends, len(rbuf)
+// bytes at most per read, answered before the next read: a client that
+// does not read is held back by its own socket. A read of more than one
+// byte, which one heartbeat in flight never causes, costs floodPause a
+// byte: a flood gets a thousand answers a second and leaves the
+// processors idle enough for the runtime to poll everyone else's sockets.
 func (s *session) run() {
 	srv := s.srv
 	srv.mu.Lock()
@@ -502,8 +464,7 @@ func (s *session) run() {
 	}
 }
 
-// scan takes what rbuf holds after the ACQUIRE: the heartbeats, then the
-// error of a bad frame if one follows (nothing after it counts).
+// scan takes the heartbeats in rbuf, then the error of a bad frame.
 func (s *session) scan() (beats int, bad error) {
 	for ; s.r < s.w && s.rbuf[s.r] == TypeHeartbeat; s.r++ {
 		beats++
@@ -518,11 +479,9 @@ func (s *session) scan() (beats int, bad error) {
 	return beats, bad
 }
 
-// end ends the session for a cause its own goroutine met, if not ended
-// already, writes what it owes (drain then closes) and retires. After a
-// promotion it first yields, so that the push's writer goroutine, likely
-// next on this processor, goes before this session's own close: a
-// handover then takes no longer than with the push written inline.
+// end ends the session for a cause its own goroutine met, writes what it
+// owes and retires. After a promotion it first yields, so that the push's
+// writer, likely next on this processor, goes before this close.
 func (s *session) end(why error) {
 	s.srv.mu.Lock()
 	s.endOwnLocked(why)
@@ -593,7 +552,7 @@ func (srv *Server) joinLocked(s *session, read time.Time) error {
 }
 
 // heartbeatLocked decides the answers to beats heartbeats read at now,
-// then to bad, a bad frame, if set; it returns why s must end, or nil.
+// then bad's; it returns why s must end, or nil.
 func (srv *Server) heartbeatLocked(s *session, beats int, now time.Time, bad error) error {
 	switch {
 	case s.phase >= phaseEnding:
@@ -612,8 +571,8 @@ func (srv *Server) heartbeatLocked(s *session, beats int, now time.Time, bad err
 	return bad
 }
 
-// owe decides n answers with s's state, WAITING or ACQUIRED (rule 2); its
-// caller holds srv.mu and has checked that s is alive.
+// owe decides n answers, WAITING or ACQUIRED by s's phase (rule 2), for
+// a session its caller found alive.
 func (s *session) owe(n int) {
 	if s.phase == phaseWaiting {
 		s.owedWaiting += uint32(n)
@@ -645,9 +604,9 @@ func (srv *Server) nextTokenLocked(now time.Time) uint64 {
 	return t
 }
 
-// endLocked takes s out of the table, once, whatever the cause (rule 4):
-// a holder's lock goes to the next live waiter, unless closing. It decides
-// the final ERROR when why has a code; drain then closes.
+// endLocked takes s out of the table, once, for any cause (rule 4), gives
+// a holder's lock to the next live waiter unless closing, and decides the
+// final ERROR when why has a code.
 func (srv *Server) endLocked(s *session, why error) {
 	if s.phase >= phaseEnding {
 		return
@@ -684,8 +643,8 @@ func (srv *Server) endLocked(s *session, why error) {
 	}
 }
 
-// stopLocked ends s by another party's decision (Shutdown, an
-// administrator, a failed write, a promoter), dropping what s was owed.
+// stopLocked is another party's end of s: Shutdown, an administrator, a
+// failed write, a promoter.
 func (srv *Server) stopLocked(s *session, why error) {
 	if s.phase < phaseEnding {
 		s.owedWaiting, s.owedAcquired = 0, 0
@@ -697,24 +656,21 @@ func (srv *Server) stopLocked(s *session, why error) {
 // promoteLocked grants l to its first waiter whose lease has not passed
 // by the server's clock (rule 7), ending those before it as expired.
 func (srv *Server) promoteLocked(l *lock) {
-	for front := l.waiters.Front(); front != nil; front = l.waiters.Front() {
-		next := l.waiters.Remove(front).(*session)
-		next.elem = nil
+	for front := l.waiters.Front(); front != nil && l.holder == nil; front = l.waiters.Front() {
+		next := front.Value.(*session)
 		if time.Since(next.seen) >= next.lease {
-			next.lock = nil // out of the queue already
-			srv.stopLocked(next, errExpired)
-			srv.wakeLocked(next)
-			continue
+			srv.stopLocked(next, errExpired) // out of the queue
+		} else {
+			l.waiters.Remove(front)
+			next.elem = nil
+			srv.grantLocked(l, next)
 		}
-		srv.grantLocked(l, next)
 		srv.wakeLocked(next)
-		return
 	}
 }
 
-// wakeLocked gets what another party decided for s written (rule 8): by
-// the writer at work, which gives up its role only with nothing owed, or
-// by a goroutine of its own. The decider never waits on s's socket.
+// wakeLocked gets what another party decided for s written (rule 8), by
+// the writer at work, which leaves only with nothing owed, or a new one.
 func (srv *Server) wakeLocked(s *session) {
 	if !s.writing {
 		s.writing = true
@@ -727,8 +683,8 @@ func (srv *Server) wakeLocked(s *session) {
 	}
 }
 
-// drainOwnLocked writes, on the session's goroutine, what it decided for
-// itself, unless a writer is at work already and will. It unlocks srv.mu.
+// drainOwnLocked writes on s's goroutine what it decided, unless a writer
+// is at work and will. It releases srv.mu.
 func (s *session) drainOwnLocked(own bool) {
 	if s.writing {
 		s.srv.mu.Unlock()
@@ -752,22 +708,17 @@ func releaseReason(why error) string {
 		return ReasonForce
 	case errors.Is(why, errExpired):
 		return ReasonExpired
-	case errors.Is(why, errIOTimeout), isTimeout(why):
+	case isTimeout(why):
 		return ReasonIOTimeout
 	}
 	return ReasonGraceful
 }
 
-// drainLocked is the one writer (rule 3), on the goroutine holding the
-// role, called with srv.mu held, which it releases: it takes what s is
-// owed, writes it with srv.mu released, and repeats until nothing is left,
-// then closes the connection of an ending session. A batch taken before
-// stopLocked and not yet begun is dropped (rule 5): stopped is checked
-// after the deadline is set, and a stopper sets a past deadline after the
-// stop (cutLocked), so a write either sees the stop or fails before its
-// own deadline with nothing sent; the stream is then whole, and a final
-// ERROR in that write is owed again. After any other failed write nothing
-// more is written: the stream may have ended inside a frame.
+// drainLocked, the one writer (rule 3), takes what s is owed under srv.mu,
+// writes it without, until nothing is left, then closes an ending session;
+// it releases srv.mu. A write cut by a stop (rule 5) sent nothing: a final
+// ERROR in it is owed again. After any other failed write nothing more is
+// written: the stream may have ended inside a frame.
 func (s *session) drainLocked(own bool) {
 	srv := s.srv
 	for {
@@ -804,11 +755,8 @@ func (s *session) drainLocked(own bool) {
 			s.final = cmp.Or(s.final, fin)
 		case err != nil:
 			alive := s.phase == phaseWaiting || s.phase == phaseHolding // then lease is set
-			if isTimeout(err) {
-				err = errIOTimeout
-				if alive && time.Since(s.seen) >= s.lease {
-					err = errExpired
-				}
+			if isTimeout(err) && alive && time.Since(s.seen) >= s.lease {
+				err = errExpired
 			}
 			srv.stopLocked(s, err)
 			s.owedWaiting, s.owedAcquired, s.final = 0, 0, nil
@@ -816,17 +764,10 @@ func (s *session) drainLocked(own bool) {
 	}
 }
 
-// maxBatch bounds one write: a flood is answered in turns.
-const maxBatch = 1024
-
-var batches = sync.Pool{New: func() any { return new([maxBatch]byte) }}
-
-// takeLocked takes from the outbox, in order, what fits in one write, and
-// returns its bytes (nil for none), the final ERROR's cause if they end
-// with it, and the write's deadline: the io-timeout, or on the session's
-// own goroutine (own) the end of a live session's lease if sooner: a
-// client that neither reads nor sends is silent. (Another writer's
-// deadline would not follow the lease as heartbeats move it.)
+// takeLocked takes from the outbox what fits one write, in order: its
+// bytes (nil for none), the final ERROR's cause if they end with it, and
+// the deadline: the io-timeout, or on s's own goroutine the end of its
+// lease if sooner: a client that neither reads nor sends is silent.
 func (s *session) takeLocked(own bool) (b []byte, fin error, due time.Time) {
 	if s.phase == phaseClosed {
 		return nil, nil, due
@@ -887,8 +828,7 @@ const (
 	EventKickWaiter   = "kick_waiter"
 )
 
-// emitLocked queues ev, about s, for OnEvent (rule 9); one goroutine at a
-// time delivers them, outside srv.mu.
+// emitLocked queues ev, about s, for OnEvent (rule 9).
 func (srv *Server) emitLocked(ev Event, s *session) {
 	if srv.OnEvent == nil {
 		return
@@ -908,20 +848,18 @@ func (srv *Server) emitLocked(ev Event, s *session) {
 
 func (srv *Server) deliver() {
 	defer srv.eventWG.Done()
-	for {
-		srv.mu.Lock()
+	srv.mu.Lock()
+	for len(srv.events) > 0 {
 		batch := srv.events
 		srv.events = nil
-		if len(batch) == 0 {
-			srv.delivering = false
-			srv.mu.Unlock()
-			return
-		}
 		srv.mu.Unlock()
 		for _, ev := range batch {
 			srv.OnEvent(ev)
 		}
+		srv.mu.Lock()
 	}
+	srv.delivering = false
+	srv.mu.Unlock()
 }
 
 // Stats are the server's counters and gauges at one moment.
@@ -1022,9 +960,9 @@ var (
 	ErrStaleToken = errors.New("monolock: the lock is held under another token")
 )
 
-// ForceRelease ends the holder of name under token (0: any): it leaves the
-// table at once, the next waiter is promoted, and it is sent ERROR 0x02 and
-// closed. It returns the holder; another token ends nobody: ErrStaleToken.
+// ForceRelease ends the holder of name under token (0: any) at once,
+// promotes the next waiter, and returns the holder; the holder is sent
+// ERROR 0x02 and closed. Another token ends nobody: ErrStaleToken.
 func (srv *Server) ForceRelease(name string, token uint64) (SessionInfo, error) {
 	return srv.kick(name, EventForceRelease, func(l *lock) (*session, error) {
 		switch h := l.holder; {
@@ -1050,9 +988,8 @@ func (srv *Server) KickWaiter(name, remoteAddr string) (SessionInfo, error) {
 	})
 }
 
-// kick ends the session find picks, under srv.mu like every end, and
-// returns without waiting for its socket or its successor's (rule 8);
-// after it, no write but the final ERROR begins (cutLocked).
+// kick ends the session find picks without waiting for its socket or its
+// successor's (rule 8).
 func (srv *Server) kick(name, event string, find func(*lock) (*session, error)) (SessionInfo, error) {
 	srv.mu.Lock()
 	s, err := (*session)(nil), ErrNotFound
@@ -1075,12 +1012,9 @@ func (srv *Server) kick(name, event string, find func(*lock) (*session, error)) 
 	return info, nil
 }
 
-// cutLocked, right after stopLocked(s), reports whether a write s's writer
-// took before the stop may still begin; the caller then sets a past write
-// deadline, after unlocking (see drainLocked). Not over TLS, which keeps
-// any write error for good and so would lose the final ERROR: there the
-// check of stopped after the deadline is all, and a write that passed it
-// an instant before the stop may still begin.
+// cutLocked, right after stopLocked(s), reports whether the caller must
+// set a past write deadline once unlocked (rule 5). Not over TLS, which
+// keeps a write error for good and would lose the final ERROR.
 func (srv *Server) cutLocked(s *session) bool {
 	_, isTLS := s.conn.(*tls.Conn)
 	return s.writing && !isTLS
