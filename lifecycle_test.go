@@ -1138,6 +1138,7 @@ func TestInterleavingPushAfterForceRelease(t *testing.T) {
 		as.onSetRD = func() { once.Do(func() { time.Sleep(time.Millisecond) }) }
 
 		noAcquiredAfterForce(t, readRest(a), l.log.snapshot()[mark:], tB)
+		time.Sleep(time.Second) // fake time: let a pause in the hook end inside the bubble
 	})
 }
 

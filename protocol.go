@@ -98,7 +98,7 @@ func (c Code) String() string {
 // codeOf returns the code whose sentinel err wraps.
 func codeOf(err error) (Code, bool) {
 	var ce *codeError
-	if errors.As(err, &ce) {
+	if err != nil && errors.As(err, &ce) { // As reflects even on nil
 		return ce.code, true
 	}
 	return 0, false

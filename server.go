@@ -329,9 +329,9 @@ func (s *session) serve() {
 			return
 		}
 	}
-	switch err := s.acquire(); err {
+	switch deadline, err := s.acquire(); err {
 	case nil:
-		go s.run()
+		go s.run(deadline)
 	case errEndedHere:
 	default:
 		s.end(err)
@@ -362,24 +362,24 @@ func (s *session) handshake(tc *tls.Conn) error {
 	return nil
 }
 
-// acquire reads the first frame, a valid ACQUIRE, and joins the table.
-func (s *session) acquire() error {
+// acquire reads the first frame, a valid ACQUIRE, and joins the table; it
+// returns the end of the lease, the first read deadline of run.
+func (s *session) acquire() (time.Time, error) {
 	srv := s.srv
 	s.conn.SetReadDeadline(time.Now().Add(srv.ioTimeout()))
 	n, err := s.conn.Read(s.rbuf[:])
 	if n == 0 {
-		return cmp.Or(err, io.EOF)
+		return time.Time{}, cmp.Or(err, io.EOF)
 	}
 	s.r, s.w = 1, uint8(n)
 	if typ := s.rbuf[0]; typ == TypeHeartbeat {
-		return ErrAcquireFirst
+		return time.Time{}, ErrAcquireFirst
 	} else if typ != TypeAcquire {
-		return unknownType(typ)
+		return time.Time{}, unknownType(typ)
 	}
-	s.conn.SetReadDeadline(time.Now().Add(srv.ioTimeout())) // the rest of a begun frame
 	f, err := readAcquire(s)
 	if err != nil {
-		return err
+		return time.Time{}, err
 	}
 	read := time.Now() // lastSeenAt
 	s.name = f.Name
@@ -391,26 +391,31 @@ func (s *session) acquire() error {
 		}
 		srv.mu.Unlock()
 		srv.infoLimited(&srv.denialLog, "ACQUIRE not authorized", "identity", s.identity, "lock", f.Name, "remote", s.remote)
-		return fmt.Errorf("%w %q", ErrNotAuthorized, f.Name)
+		return time.Time{}, fmt.Errorf("%w %q", ErrNotAuthorized, f.Name)
 	}
 	s.lease = time.Duration(f.LeaseMS) * time.Millisecond
 	beats, bad := s.scan() // decided with the ACQUIRE: the same answers however segmented
 	srv.mu.Lock()
 	if err := srv.joinLocked(s, read); err != nil {
 		srv.mu.Unlock()
-		return err
+		return time.Time{}, err
 	}
 	if why := srv.heartbeatLocked(s, beats, read, bad); why != nil {
 		s.endOwnLocked(why)
-		return errEndedHere
+		return time.Time{}, errEndedHere
 	}
 	s.drainOwnLocked(true)
-	return nil
+	return read.Add(s.lease), nil
 }
 
-// Read is io.Reader through the session's buffer, for the rest of a frame.
+// Read is io.Reader through rbuf for the rest of the ACQUIRE, which gets
+// a fresh io-timeout once it needs more than the first read.
 func (s *session) Read(p []byte) (int, error) {
 	if s.r == s.w {
+		if s.w != 0 {
+			s.r, s.w = 0, 0
+			s.conn.SetReadDeadline(time.Now().Add(s.srv.ioTimeout()))
+		}
 		return s.conn.Read(p)
 	}
 	n := copy(p, s.rbuf[s.r:s.w])
@@ -424,15 +429,8 @@ func (s *session) Read(p []byte) (int, error) {
 // byte, which one heartbeat in flight never causes, costs floodPause a
 // byte: a flood gets a thousand answers a second and leaves the
 // processors idle enough for the runtime to poll everyone else's sockets.
-func (s *session) run() {
+func (s *session) run(deadline time.Time) {
 	srv := s.srv
-	srv.mu.Lock()
-	deadline, alive := s.seen.Add(s.lease), s.phase < phaseEnding
-	srv.mu.Unlock()
-	if !alive { // ended while its first answer was written
-		s.end(nil)
-		return
-	}
 	for {
 		var pause time.Duration
 		if s.r == s.w {
@@ -522,7 +520,7 @@ func Identity(cs tls.ConnectionState) string {
 
 func isTimeout(err error) bool {
 	var ne net.Error
-	return errors.As(err, &ne) && ne.Timeout()
+	return err != nil && errors.As(err, &ne) && ne.Timeout()
 }
 
 // joinLocked makes s its lock's holder or last waiter and decides the

@@ -141,7 +141,9 @@ func serve(args []string, stdout, stderr io.Writer) int {
 	}
 
 	// A listen address that cannot be used is a bad value: status 2.
-	l, err := net.Listen("tcp", *listen)
+	// No TCP keepalive: the lease finds a dead client, the io-timeout a
+	// silent one, and keepalive costs four system calls a connection.
+	l, err := (&net.ListenConfig{KeepAlive: -1}).Listen(context.Background(), "tcp", *listen)
 	if err != nil {
 		return fail(2, "-listen: %v", err)
 	}
