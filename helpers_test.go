@@ -558,6 +558,7 @@ type pipeListener struct {
 	conns chan net.Conn
 	done  chan struct{}
 	once  sync.Once
+	srv   *Server // the server on it, for the benchmarks' setups
 }
 
 func newPipeListener() *pipeListener {
