@@ -253,13 +253,8 @@ func ValidateName(name string) error {
 // ValidateLease returns nil for a whole number of milliseconds from 1ms to
 // MaxLease, the leases lease_ms carries exactly.
 func ValidateLease(lease time.Duration) error {
-	switch {
-	case lease < time.Millisecond:
-		return fmt.Errorf("%w: %w: %v is less than 1ms", ErrInvalidInput, ErrInvalidLease, lease)
-	case lease > MaxLease:
-		return fmt.Errorf("%w: %w: %v is longer than the protocol's %v", ErrInvalidInput, ErrInvalidLease, lease, MaxLease)
-	case lease%time.Millisecond != 0:
-		return fmt.Errorf("%w: %w: %v is not a whole number of milliseconds", ErrInvalidInput, ErrInvalidLease, lease)
+	if lease < time.Millisecond || lease > MaxLease || lease%time.Millisecond != 0 {
+		return fmt.Errorf("%w: %w: %v is not a whole number of milliseconds from 1ms to %v", ErrInvalidInput, ErrInvalidLease, lease, MaxLease)
 	}
 	return nil
 }
