@@ -1053,7 +1053,7 @@ func TestStress(t *testing.T) {
 		defer srv.mu.Unlock()
 		return len(srv.sessions) == 0
 	})
-	awaitFunc(t, "the delivery of the last events", srv.eventWG.Wait)
+	awaitFunc(t, "the delivery of the last events", srv.wg.Wait)
 	evMu.Lock()
 	defer evMu.Unlock()
 	holder := map[string]uint64{}

@@ -68,8 +68,7 @@ type Server struct {
 	OnEvent func(Event)
 
 	closing                 atomic.Bool
-	wg                      sync.WaitGroup // session goroutines and writers
-	eventWG                 sync.WaitGroup // the event goroutine, while there is one
+	wg                      sync.WaitGroup // session goroutines, writers, the event goroutine
 	handshakeLog, denialLog infoLimit
 
 	mu         sync.Mutex // guards everything below and every session's state (rule 1)
@@ -126,7 +125,6 @@ type session struct {
 	final                     error       // the final ERROR's cause, while ending
 	writing                   bool        // a goroutine has the writer's role
 	stopped                   atomic.Bool // stopLocked ended it; read without srv.mu by drain only
-	wbuf                      [9]byte
 
 	rbuf [32]byte // read ahead; the session goroutine's own
 	r, w uint8    // the unread part of rbuf
@@ -240,7 +238,7 @@ func (srv *Server) Shutdown(ctx context.Context) error {
 	srv.mu.Unlock()
 	closeAll(listeners, stopped)
 	finished := make(chan struct{})
-	go func() { srv.wg.Wait(); srv.eventWG.Wait(); close(finished) }()
+	go func() { srv.wg.Wait(); close(finished) }()
 	bound := time.AfterFunc(srv.ioTimeout(), func() { srv.Close() })
 	defer bound.Stop()
 	select {
@@ -316,8 +314,6 @@ const (
 	floodPause = time.Millisecond // a byte, after a read of more than one: see run
 	maxBatch   = 1024             // bytes a write: a flood is answered in turns
 )
-
-var batches = sync.Pool{New: func() any { return new([maxBatch]byte) }}
 
 // serve handshakes and reads the ACQUIRE, then hands over to a fresh
 // goroutine: Go does not shrink the stack the deeper first frame grew
@@ -742,9 +738,6 @@ func (s *session) drainLocked(own bool) {
 		if !late {
 			n, err = s.conn.Write(b)
 		}
-		if cap(b) == maxBatch {
-			batches.Put((*[maxBatch]byte)(b[:maxBatch]))
-		}
 		srv.mu.Lock()
 		switch code, _ := codeOf(fin); {
 		case err == nil && fin != nil:
@@ -774,14 +767,10 @@ func (s *session) takeLocked(own bool) (b []byte, fin error, due time.Time) {
 	if s.final != nil {
 		size += 3 + MaxReasonLen
 	}
-	switch {
-	case size == 0:
+	if size == 0 {
 		return nil, nil, due
-	case size <= len(s.wbuf):
-		b = s.wbuf[:0]
-	default:
-		b = batches.Get().(*[maxBatch]byte)[:0]
 	}
+	b = make([]byte, 0, min(size, maxBatch))
 	for ; s.owedWaiting > 0 && len(b) < maxBatch; s.owedWaiting-- {
 		b = append(b, TypeWaiting)
 	}
@@ -839,13 +828,13 @@ func (srv *Server) emitLocked(ev Event, s *session) {
 	srv.events = append(srv.events, ev)
 	if !srv.delivering {
 		srv.delivering = true
-		srv.eventWG.Add(1)
+		srv.wg.Add(1)
 		go srv.deliver()
 	}
 }
 
 func (srv *Server) deliver() {
-	defer srv.eventWG.Done()
+	defer srv.wg.Done()
 	srv.mu.Lock()
 	for len(srv.events) > 0 {
 		batch := srv.events
