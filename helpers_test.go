@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"math/big"
 	"net"
 	"runtime/debug"
@@ -893,4 +894,24 @@ func writesAfterStop(log *probeLog, mark int, conn string, code Code) []probeEnt
 		}
 	}
 	return writes
+}
+
+// blockingHandler is a slog.Handler whose Handle blocks on messages equal
+// to msg until release is closed, after closing entered.
+type blockingHandler struct {
+	msg     string
+	entered chan struct{}
+	release chan struct{}
+	once    atomic.Bool
+}
+
+func (h *blockingHandler) Enabled(context.Context, slog.Level) bool { return true }
+func (h *blockingHandler) WithAttrs([]slog.Attr) slog.Handler       { return h }
+func (h *blockingHandler) WithGroup(string) slog.Handler            { return h }
+func (h *blockingHandler) Handle(_ context.Context, r slog.Record) error {
+	if r.Message == h.msg && h.once.CompareAndSwap(false, true) {
+		close(h.entered)
+		<-h.release
+	}
+	return nil
 }

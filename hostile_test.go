@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"testing/synctest"
 	"time"
 )
 
@@ -378,4 +379,43 @@ func TestHeartbeatFloodChild(t *testing.T) {
 		}()
 	}
 	select {}
+}
+
+// Section 6: a session is closed at lastSeenAt + lease, and a lock it held
+// goes to the next waiter at once. The flood pause after a read of many
+// heartbeats (1 ms a byte) must not outlive the lease: a holder with a
+// lease of 5 ms whose last read held 32 heartbeats, silent since, loses
+// the lock at 5 ms, not at the pause's end (32 ms before the sixth review
+// found it). Exact in fake time.
+func TestFloodPauseEndsAtTheLease(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		srv := &Server{IOTimeout: time.Second}
+		l := newPipeListener()
+		go srv.Serve(l)
+		defer l.Close()
+		defer srv.Close()
+		h := l.dial("h")
+		sendAcquire(t, h, "x", 5*time.Millisecond)
+		mustRead(t, h, TypeAcquired)
+		w := l.dial("w")
+		sendAcquire(t, w, "x", time.Minute)
+		mustRead(t, w, TypeWaiting)
+		go io.Copy(io.Discard, h) // h reads its answers
+		go io.Copy(io.Discard, w) // and so does w, its push included
+		synctest.Wait()
+		h.Write(bytes.Repeat([]byte{TypeHeartbeat}, 32)) // read at once: lastSeenAt = now
+		synctest.Wait()
+		time.Sleep(5*time.Millisecond - time.Nanosecond)
+		synctest.Wait()
+		if holder := holderOf(srv, "x"); holder != "h" {
+			t.Fatalf("the holder 1ns before h's lease passed is %q, want h", holder)
+		}
+		time.Sleep(time.Nanosecond)
+		synctest.Wait()
+		if holder := holderOf(srv, "x"); holder != "w" {
+			t.Errorf("the holder when h's lease of 5ms has passed since its last read is %q, want w", holder)
+		}
+		h.Close()
+		w.Close()
+	})
 }

@@ -27,10 +27,11 @@ import (
 //  2. Frames are decided only by owe and endLocked, only for a live session.
 //  3. drainLocked alone writes, holding the writer's role, which only
 //     wakeLocked and drainOwnLocked hand out.
-//  4. endLocked is the only way out of the table; stopLocked, another
-//     party's end, first drops what was decided and not yet taken.
-//  5. After a stop no write but the final ERROR begins: drainLocked checks
-//     stopped after its deadline; cutLocked's caller sets a past one.
+//  4. endLocked is the only way out of the table; it, or stopLocked for
+//     another party's end, drops what was decided and not yet taken,
+//     unless the session's own bad frame ended it.
+//  5. After such a drop no write but the final ERROR begins: drainLocked
+//     checks stopped after its deadline; cutLocked's caller sets a past one.
 //  6. heartbeatLocked decides one read's bytes together, in the critical
 //     section that ends the session if one is bad.
 //  7. promoteLocked grants only a waiter whose lease has not passed.
@@ -52,7 +53,8 @@ type Server struct {
 	IOTimeout time.Duration
 
 	// Logger, if set, receives diagnostics; failed TLS handshakes and
-	// refused ACQUIREs at info, at most once a second each.
+	// refused ACQUIREs at info, at most once a second each. Its handler
+	// must not block: Shutdown waits for it until its ctx ends.
 	Logger *slog.Logger
 
 	// Authorize, if set, decides whether a client may acquire a lock (else
@@ -381,13 +383,16 @@ func (s *session) acquire() (time.Time, error) {
 	s.name = f.Name
 	if srv.Authorize != nil && !srv.Authorize(s.identity, f.Name) {
 		srv.mu.Lock()
-		if s.phase < phaseEnding {
+		denied := s.phase < phaseEnding // else Shutdown ended it meanwhile, with its own word
+		if denied {
 			srv.counts.Denials++
 			srv.emitLocked(Event{Type: EventDenied}, s)
 		}
-		srv.mu.Unlock()
-		srv.infoLimited(&srv.denialLog, "ACQUIRE not authorized", "identity", s.identity, "lock", f.Name, "remote", s.remote)
-		return time.Time{}, fmt.Errorf("%w %q", ErrNotAuthorized, f.Name)
+		s.endOwnLocked(fmt.Errorf("%w %q", ErrNotAuthorized, f.Name))
+		if denied {
+			srv.infoLimited(&srv.denialLog, "ACQUIRE not authorized", "identity", s.identity, "lock", f.Name, "remote", s.remote)
+		}
+		return time.Time{}, errEndedHere
 	}
 	s.lease = time.Duration(f.LeaseMS) * time.Millisecond
 	beats, bad := s.scan() // decided with the ACQUIRE: the same answers however segmented
@@ -452,8 +457,8 @@ func (s *session) run(deadline time.Time) {
 		}
 		s.drainOwnLocked(true)
 		deadline = now.Add(s.lease)
-		if pause > 0 {
-			time.Sleep(pause)
+		if pause > 0 { // no longer than the lease: its end is seen on time
+			time.Sleep(min(pause, time.Until(deadline)))
 		}
 	}
 }
@@ -485,13 +490,16 @@ func (s *session) end(why error) {
 func (s *session) endOwnLocked(why error) {
 	srv := s.srv
 	grants := srv.counts.Grants
-	srv.endLocked(s, why)
+	cut := srv.endLocked(s, why) && s.final == nil && srv.cutLocked(s) // a word-less end (rule 5)
 	if srv.counts.Grants != grants {
 		srv.mu.Unlock()
 		runtime.Gosched()
 		srv.mu.Lock()
 	}
 	s.drainOwnLocked(true)
+	if cut {
+		closeAll(nil, []*session{s})
+	}
 	if log := srv.log(); log.Enabled(context.Background(), slog.LevelDebug) { // no allocations per session otherwise
 		log.Debug("session ended", "remote", s.remote, "lock", s.name, "why", why)
 	}
@@ -600,10 +608,10 @@ func (srv *Server) nextTokenLocked(now time.Time) uint64 {
 
 // endLocked takes s out of the table, once, for any cause (rule 4), gives
 // a holder's lock to the next live waiter unless closing, and decides the
-// final ERROR when why has a code.
-func (srv *Server) endLocked(s *session, why error) {
+// final ERROR when why has a code; it reports whether s was alive.
+func (srv *Server) endLocked(s *session, why error) bool {
 	if s.phase >= phaseEnding {
-		return
+		return false
 	}
 	if s.phase == phaseHandshake {
 		why = nil // a frame now would only start another handshake
@@ -613,10 +621,11 @@ func (srv *Server) endLocked(s *session, why error) {
 		s.final = why
 	} else { // an end without a word: nothing more is written
 		s.owedWaiting, s.owedAcquired = 0, 0
+		s.stopped.Store(true)
 	}
 	l := s.lock
 	if l == nil {
-		return
+		return true
 	}
 	s.lock = nil
 	if l.holder == s {
@@ -635,6 +644,7 @@ func (srv *Server) endLocked(s *session, why error) {
 	if l.holder == nil && l.waiters.Len() == 0 {
 		delete(srv.locks, s.name)
 	}
+	return true
 }
 
 // stopLocked is another party's end of s: Shutdown, an administrator, a
