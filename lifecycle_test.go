@@ -922,6 +922,76 @@ func TestNoWriteAfterFailedPush(t *testing.T) {
 	}
 }
 
+// A write cut after part of a frame was sent ends the stream there:
+// nothing more is written, not even the final ERROR that the end which cut
+// it decided, since the client could no longer tell where a frame begins.
+// Here the holder has read 1 byte of the reply to its HEARTBEAT when
+// ForceRelease cuts the write. Fake time over pipes: a write waits for the
+// client's reads.
+func TestNothingIsWrittenAfterAFrameCutShort(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		srv := &Server{IOTimeout: time.Minute}
+		l := newPipeListener()
+		served := make(chan error, 1)
+		go func() { served <- srv.Serve(l) }()
+		defer srv.Close()
+		hc := l.dial("h")
+		defer hc.Close()
+		sendFrames(t, hc, acquire("x", time.Minute))
+		mustRead(t, hc, TypeAcquired)
+		sendFrames(t, hc, heartbeat)
+		var first [1]byte
+		hc.SetReadDeadline(time.Now().Add(time.Minute))
+		if _, err := io.ReadFull(hc, first[:]); err != nil || first[0] != TypeAcquired {
+			t.Fatalf("h read % x, %v; want the first byte of an ACQUIRED", first, err)
+		}
+		synctest.Wait() // the reply's write waits for h to read its other 8 bytes
+		if _, err := srv.ForceRelease("x", 0); err != nil {
+			t.Fatalf("ForceRelease: %v", err)
+		}
+		synctest.Wait()
+		hc.SetReadDeadline(time.Now().Add(time.Minute))
+		if rest, err := io.ReadAll(hc); len(rest) != 0 || err != nil {
+			t.Errorf("after 1 byte of an ACQUIRED whose write ForceRelease cut, h read % x, then %v; want nothing, then the end of the stream", rest, err)
+		}
+		shutdownNow(t, srv, served)
+	})
+}
+
+// Close closes every connection at once, among them one whose final ERROR
+// is being written to a client that does not read; until then that
+// connection counts as open. Fake time over pipes: a write waits for the
+// client's reads.
+func TestCloseCutsAFinalFrameStuckOnItsClient(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		srv := &Server{IOTimeout: time.Minute}
+		l := newPipeListener()
+		served := make(chan error, 1)
+		go func() { served <- srv.Serve(l) }()
+		defer srv.Close()
+		hc := l.dial("h")
+		defer hc.Close()
+		sendFrames(t, hc, acquire("x", time.Minute))
+		mustRead(t, hc, TypeAcquired)
+		if _, err := srv.ForceRelease("x", 0); err != nil {
+			t.Fatalf("ForceRelease: %v", err)
+		}
+		synctest.Wait() // the ERROR 0x02's write waits for h to read
+		if n := srv.Stats().Connections; n != 1 {
+			t.Errorf("Connections = %d while h's final ERROR is being written, want 1", n)
+		}
+		srv.Close()
+		synctest.Wait()
+		if fs := readRest(hc); len(fs) != 0 {
+			t.Errorf("h read %s after Close, want nothing: Close closes every connection at once", showFrames(fs))
+		}
+		if n := srv.Stats().Connections; n != 0 {
+			t.Errorf("Connections = %d after Close, want 0", n)
+		}
+		await(t, served, "Serve's return after Close")
+	})
+}
+
 // Shutdown returns when its context ends, even while an Authorize callback
 // is still running (for 3s here).
 func TestShutdownDoesNotWaitForAuthorize(t *testing.T) {

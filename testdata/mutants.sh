@@ -88,7 +88,7 @@ mutant push-after-final-frame server.go 'TestWaiterEndingAsHolderLeaves|TestProm
   $'} else {\n\t\tl.waiters.Remove(s.elem)' \
   $'} else if s.final == nil {\n\t\tl.waiters.Remove(s.elem)'
 # drainLocked: after a failed write, what is still owed is written.
-mutant write-after-failed-write server.go 'TestNoWriteAfterFailedPush|TestInterleavingNoPushAfterAFailedWrite' . \
+mutant write-after-failed-write server.go 'TestNothingIsWrittenAfterAFrameCutShort|TestNoWriteAfterFailedPush|TestInterleavingNoPushAfterAFailedWrite' . \
   $'srv.stopLocked(s, err)\n\t\t\ts.owedWaiting, s.owedAcquired, s.final = 0, 0, nil' \
   'srv.stopLocked(s, err)'
 # Rule 3 (stopLocked): another party's end keeps what was owed (a push, a
@@ -124,7 +124,7 @@ mutant tls-close-notify server.go 'TestShutdownWithTLSClientsIsBounded' . \
   '_ = tc'
 # A session leaves srv.sessions when its final ERROR is taken, before it is
 # written: Close cannot close a connection whose final write is stuck.
-mutant sessions-forgotten-before-final-frame server.go 'TestInterleavingShutdownIgnoresContext|TestShutdownDeadlineClosesStuckSessions|TestShutdownBoundedWhateverClientsDo|TestShutdownWithTLSClientsIsBounded' . \
+mutant sessions-forgotten-before-final-frame server.go 'TestCloseCutsAFinalFrameStuckOnItsClient|TestInterleavingShutdownIgnoresContext|TestShutdownDeadlineClosesStuckSessions' . \
   $'b, _ = Frame{Type: TypeError, Code: code, Reason: reason}.AppendBinary(b)\n\t}' \
   $'b, _ = Frame{Type: TypeError, Code: code, Reason: reason}.AppendBinary(b)\n\t\tdelete(s.srv.sessions, s)\n\t}'
 # drainLocked ends a session whose write failed as if by another party.
