@@ -166,6 +166,129 @@ func TestShutdownWithTLSClientsIsBounded(t *testing.T) {
 	t.Logf("shut down in %v", time.Since(start))
 }
 
+// Over TLS a write taken before Shutdown's stop is never cut (tls.Conn
+// would keep the error for good), and still Shutdown returns one
+// io-timeout after it began, every connection closed. Client a never
+// reads: the write under way when Shutdown begins fails at its own
+// deadline, and a's connection is then closed at once, raw (a
+// close_notify would wait on a). Client b reads that write just before
+// its deadline, then nothing: its final ERROR's write, begun then, is cut
+// by Shutdown's bound of one io-timeout. Fake time over pipes: exact.
+func TestShutdownOverTLSReturnsAtTheIOTimeout(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const ioTimeout = time.Second
+		cert := selfSigned(t)
+		srv := &Server{IOTimeout: ioTimeout}
+		l := newPipeListener()
+		served := make(chan error, 1)
+		go func() {
+			served <- srv.Serve(tls.NewListener(l, &tls.Config{Certificates: []tls.Certificate{cert}}))
+		}()
+		defer srv.Close()
+		join := func(name, lock string) net.Conn {
+			c := tls.Client(l.dial(name), &tls.Config{InsecureSkipVerify: true})
+			t.Cleanup(func() { c.Close() })
+			sendFrames(t, c, acquire(lock, time.Minute))
+			mustRead(t, c, TypeAcquired)
+			return c
+		}
+		a, b := join("a", "x"), join("b", "y")
+		sendFrames(t, a, heartbeat)
+		sendFrames(t, b, heartbeat)
+		synctest.Wait() // both replies' writes wait for their clients to read
+		time.Sleep(ioTimeout / 2)
+
+		start := time.Now()
+		shut := make(chan error, 1)
+		go func() { shut <- srv.Shutdown(context.Background()) }()
+		time.Sleep(ioTimeout * 4 / 10) // 0.9 io-timeout after the reply's write began
+		mustRead(t, b, TypeAcquired)
+		select {
+		case err := <-shut:
+			if err != nil {
+				t.Errorf("Shutdown: %v", err)
+			}
+		case <-time.After(time.Minute):
+			t.Fatal("Shutdown did not return within a (fake) minute")
+		}
+		atInstant(t, "Shutdown returned", time.Since(start), ioTimeout)
+		if n := srv.Stats().Connections; n != 0 {
+			t.Errorf("Connections = %d after Shutdown, want 0", n)
+		}
+		await(t, served, "Serve's return after Shutdown")
+	})
+}
+
+// A session still in its TLS handshake when Shutdown begins gets no frame,
+// only the close, at once: Shutdown does not wait for the handshake, and a
+// client that completes it afterwards finds the connection closed. Real
+// time over TCP: a writer waiting for the handshake would wait on a mutex
+// of crypto/tls, which fake time does not see as durably blocked.
+func TestShutdownClosesATLSHandshakeWithoutAFrame(t *testing.T) {
+	cert := selfSigned(t)
+	srv := &Server{IOTimeout: wait}
+	inner, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan error, 1)
+	go func() {
+		served <- srv.Serve(tls.NewListener(inner, &tls.Config{Certificates: []tls.Certificate{cert}}))
+	}()
+	defer srv.Close()
+	raw, err := net.DialTimeout("tcp", inner.Addr().String(), wait)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer raw.Close()
+	waitFor(t, "the server to accept the connection", func() bool { return srv.Stats().Connections == 1 })
+
+	returned := make(chan error, 1)
+	go func() { returned <- srv.Shutdown(context.Background()) }()
+	select {
+	case err := <-returned:
+		if err != nil {
+			t.Errorf("Shutdown: %v", err)
+		}
+	case <-time.After(soon):
+		t.Errorf("Shutdown had not returned %v after it began, with one client in its TLS handshake (io-timeout %v)", soon, wait)
+	}
+	c := tls.Client(raw, &tls.Config{InsecureSkipVerify: true})
+	c.SetDeadline(time.Now().Add(wait))
+	if err := c.Handshake(); err == nil {
+		if f, err := ReadFrame(c); err == nil {
+			t.Errorf("after Shutdown began, the client completed its TLS handshake and read %s; want no frame, only the close", showFrames([]Frame{f}))
+		}
+	}
+	await(t, served, "Serve's return after Shutdown")
+}
+
+// Close returns at once, also with TLS clients that do not read: it
+// closes their connections raw (a close_notify would wait on each in
+// turn, up to 5s). Fake time over pipes: exact.
+func TestCloseDoesNotWaitForTLSClients(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		cert := selfSigned(t)
+		srv := &Server{}
+		l := newPipeListener()
+		served := make(chan error, 1)
+		go func() {
+			served <- srv.Serve(tls.NewListener(l, &tls.Config{Certificates: []tls.Certificate{cert}}))
+		}()
+		for _, name := range []string{"a", "b"} {
+			c := tls.Client(l.dial(name), &tls.Config{InsecureSkipVerify: true})
+			defer c.Close()
+			sendFrames(t, c, acquire(name, time.Minute))
+			mustRead(t, c, TypeAcquired) // and nothing more
+		}
+		synctest.Wait()
+		start := time.Now()
+		srv.Close()
+		atInstant(t, "Close returned", time.Since(start), 0)
+		await(t, served, "Serve's return after Close")
+	})
+}
+
 // shutdownWithin fails the test unless Shutdown returns within d.
 func shutdownWithin(t *testing.T, srv *Server, d time.Duration) {
 	t.Helper()

@@ -116,10 +116,10 @@ mutant force-release-ignores-token server.go 'TestForceReleaseByToken' . \
 mutant events-unbounded server.go 'TestStalledOnEventIsBounded' . \
   'if len(srv.events) >= maxQueuedEvents {' \
   'if false {'
-mutant shutdown-unbounded server.go 'TestShutdownBoundedWhateverClientsDo|TestInterleavingShutdownExceedsIOTimeout|TestShutdownWithTLSClientsIsBounded|TestShutdownFinalErrorIsBoundedByTheIOTimeout' . \
+mutant shutdown-unbounded server.go 'TestShutdownOverTLSReturnsAtTheIOTimeout|TestShutdownFinalErrorIsBoundedByTheIOTimeout' . \
   'bound := time.NewTimer(srv.ioTimeout())' \
   'bound := time.NewTimer(time.Hour)'
-mutant tls-close-notify server.go 'TestShutdownWithTLSClientsIsBounded' . \
+mutant tls-close-notify server.go 'TestShutdownOverTLSReturnsAtTheIOTimeout|TestCloseDoesNotWaitForTLSClients' . \
   'c = tc.NetConn()' \
   '_ = tc'
 # A session leaves srv.sessions when its final ERROR is taken, before it is
@@ -231,7 +231,7 @@ mutant reader-writes-beside-the-writer server.go 'TestOwedAnswersAreBounded|Test
   $'\tif s.writing {\n\t\ts.srv.mu.Unlock()' \
   $'\tif false {\n\t\ts.srv.mu.Unlock()'
 # endLocked: an ERROR decided for a session still in its TLS handshake.
-mutant frame-during-tls-handshake server.go 'TestShutdownWithTLSClientsIsBounded|TestTLSHandshakeIsBounded|TestShutdownSendsShuttingDownToEverySession' . \
+mutant frame-during-tls-handshake server.go 'TestShutdownClosesATLSHandshakeWithoutAFrame|TestTLSHandshakeIsBounded' . \
   'why = nil // a frame now would only start another handshake' \
   '_ = why'
 
