@@ -2181,6 +2181,63 @@ func TestBlockedWriteEndsAtTheLease(t *testing.T) {
 	}
 }
 
+// While another goroutine writes to a session (here the push of its
+// promotion, to a client that reads nothing yet), the session's own
+// goroutine reads on and leaves its answers to that writer: it neither
+// waits for the push nor writes beside it. The client's heartbeats are all
+// read while the push waits, and their answers follow it, in order. Real
+// time over pipes: a goroutine waiting for the pipe beside a writer would
+// wait on a mutex, which fake time does not see as durably blocked.
+func TestSessionReadsOnWhileAnotherWriterIsStuck(t *testing.T) {
+	srv := &Server{IOTimeout: time.Minute}
+	l := newPipeListener()
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(l) }()
+	defer srv.Close()
+	hc := l.dial("h")
+	defer hc.Close()
+	sendFrames(t, hc, acquire("x", time.Minute))
+	mustRead(t, hc, TypeAcquired)
+	wc, server := net.Pipe()
+	defer wc.Close()
+	ws := &readingConn{Conn: namedConn{server, pipeAddr("w")}}
+	go func() { l.conns <- ws }()
+	sendFrames(t, wc, acquire("x", time.Minute))
+	mustRead(t, wc, TypeWaiting) // then nothing, until its heartbeats are read
+	// Once the session reads again, its own writing is done: the push is
+	// left to a writer of its own.
+	waitFor(t, "w's session to read again", func() bool { return ws.reading.Load() })
+	hc.Close()
+	waitFor(t, "w's promotion", func() bool { return holderOf(srv, "x") == "w" })
+
+	const beats = 64 // two reads
+	wc.SetWriteDeadline(time.Now().Add(soon))
+	if _, err := wc.Write(bytes.Repeat([]byte{TypeHeartbeat}, beats)); err != nil {
+		t.Fatalf("w's %d heartbeats were not all read within %v while its push waited: %v (%d decided)", beats, soon, err, srv.Stats().Heartbeats)
+	}
+	waitFor(t, "w's heartbeats to be decided", func() bool { return srv.Stats().Heartbeats == beats })
+	fs := awaitFrames(t, wc, 1+beats)
+	for i, f := range fs {
+		if f.Type != TypeAcquired || f.Token != fs[0].Token {
+			t.Fatalf("w's frame %d of %d is %s; want the push and the answers, all ACQUIRED(%d)", i+1, len(fs), showFrames([]Frame{f}), fs[0].Token)
+		}
+	}
+	go io.Copy(io.Discard, wc) // Shutdown's ERROR 0x01
+	shutdownNow(t, srv, served)
+}
+
+// readingConn says whether a Read is under way on it.
+type readingConn struct {
+	net.Conn
+	reading atomic.Bool
+}
+
+func (c *readingConn) Read(b []byte) (int, error) {
+	c.reading.Store(true)
+	defer c.reading.Store(false)
+	return c.Conn.Read(b)
+}
+
 // While another writer is stuck on a session (here the push of its
 // promotion, to a client that reads nothing), its own goroutine reads on
 // and counts the answers it owes: up to 65,536 the session lives; one
