@@ -2201,7 +2201,13 @@ func TestSessionReadsOnWhileAnotherWriterIsStuck(t *testing.T) {
 	wc, server := net.Pipe()
 	defer wc.Close()
 	ws := &readingConn{Conn: namedConn{server, pipeAddr("w")}}
-	go func() { l.conns <- ws }()
+	go func() {
+		select {
+		case l.conns <- ws:
+		case <-l.done:
+			server.Close()
+		}
+	}()
 	sendFrames(t, wc, acquire("x", time.Minute))
 	mustRead(t, wc, TypeWaiting) // then nothing, until its heartbeats are read
 	// Once the session reads again, its own writing is done: the push is
