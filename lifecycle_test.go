@@ -167,6 +167,129 @@ func TestShutdownWithTLSClientsIsBounded(t *testing.T) {
 	t.Logf("shut down in %v", time.Since(start))
 }
 
+// Over TLS a write taken before Shutdown's stop is never cut (tls.Conn
+// would keep the error for good), and still Shutdown returns one
+// io-timeout after it began, every connection closed. Client a never
+// reads: the write under way when Shutdown begins fails at its own
+// deadline, and a's connection is then closed at once, raw (a
+// close_notify would wait on a). Client b reads that write just before
+// its deadline, then nothing: its final ERROR's write, begun then, is cut
+// by Shutdown's bound of one io-timeout. Fake time over pipes: exact.
+func TestShutdownOverTLSReturnsAtTheIOTimeout(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const ioTimeout = time.Second
+		cert := selfSigned(t)
+		srv := &Server{IOTimeout: ioTimeout}
+		l := newPipeListener()
+		served := make(chan error, 1)
+		go func() {
+			served <- srv.Serve(tls.NewListener(l, &tls.Config{Certificates: []tls.Certificate{cert}}))
+		}()
+		defer srv.Close()
+		join := func(name, lock string) net.Conn {
+			c := tls.Client(l.dial(name), &tls.Config{InsecureSkipVerify: true})
+			t.Cleanup(func() { c.Close() })
+			sendFrames(t, c, acquire(lock, time.Minute))
+			mustRead(t, c, TypeAcquired)
+			return c
+		}
+		a, b := join("a", "x"), join("b", "y")
+		sendFrames(t, a, heartbeat)
+		sendFrames(t, b, heartbeat)
+		synctest.Wait() // both replies' writes wait for their clients to read
+		time.Sleep(ioTimeout / 2)
+
+		start := time.Now()
+		shut := make(chan error, 1)
+		go func() { shut <- srv.Shutdown(context.Background()) }()
+		time.Sleep(ioTimeout * 4 / 10) // 0.9 io-timeout after the reply's write began
+		mustRead(t, b, TypeAcquired)
+		select {
+		case err := <-shut:
+			if err != nil {
+				t.Errorf("Shutdown: %v", err)
+			}
+		case <-time.After(time.Minute):
+			t.Fatal("Shutdown did not return within a (fake) minute")
+		}
+		atInstant(t, "Shutdown returned", time.Since(start), ioTimeout)
+		if n := srv.Stats().Connections; n != 0 {
+			t.Errorf("Connections = %d after Shutdown, want 0", n)
+		}
+		await(t, served, "Serve's return after Shutdown")
+	})
+}
+
+// A session still in its TLS handshake when Shutdown begins gets no frame,
+// only the close, at once: Shutdown does not wait for the handshake, and a
+// client that completes it afterwards finds the connection closed. Real
+// time over TCP: a writer waiting for the handshake would wait on a mutex
+// of crypto/tls, which fake time does not see as durably blocked.
+func TestShutdownClosesATLSHandshakeWithoutAFrame(t *testing.T) {
+	cert := selfSigned(t)
+	srv := &Server{IOTimeout: wait}
+	inner, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan error, 1)
+	go func() {
+		served <- srv.Serve(tls.NewListener(inner, &tls.Config{Certificates: []tls.Certificate{cert}}))
+	}()
+	defer srv.Close()
+	raw, err := net.DialTimeout("tcp", inner.Addr().String(), wait)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer raw.Close()
+	waitFor(t, "the server to accept the connection", func() bool { return srv.Stats().Connections == 1 })
+
+	returned := make(chan error, 1)
+	go func() { returned <- srv.Shutdown(context.Background()) }()
+	select {
+	case err := <-returned:
+		if err != nil {
+			t.Errorf("Shutdown: %v", err)
+		}
+	case <-time.After(soon):
+		t.Errorf("Shutdown had not returned %v after it began, with one client in its TLS handshake (io-timeout %v)", soon, wait)
+	}
+	c := tls.Client(raw, &tls.Config{InsecureSkipVerify: true})
+	c.SetDeadline(time.Now().Add(wait))
+	if err := c.Handshake(); err == nil {
+		if f, err := ReadFrame(c); err == nil {
+			t.Errorf("after Shutdown began, the client completed its TLS handshake and read %s; want no frame, only the close", showFrames([]Frame{f}))
+		}
+	}
+	await(t, served, "Serve's return after Shutdown")
+}
+
+// Close returns at once, also with TLS clients that do not read: it
+// closes their connections raw (a close_notify would wait on each in
+// turn, up to 5s). Fake time over pipes: exact.
+func TestCloseDoesNotWaitForTLSClients(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		cert := selfSigned(t)
+		srv := &Server{}
+		l := newPipeListener()
+		served := make(chan error, 1)
+		go func() {
+			served <- srv.Serve(tls.NewListener(l, &tls.Config{Certificates: []tls.Certificate{cert}}))
+		}()
+		for _, name := range []string{"a", "b"} {
+			c := tls.Client(l.dial(name), &tls.Config{InsecureSkipVerify: true})
+			defer c.Close()
+			sendFrames(t, c, acquire(name, time.Minute))
+			mustRead(t, c, TypeAcquired) // and nothing more
+		}
+		synctest.Wait()
+		start := time.Now()
+		srv.Close()
+		atInstant(t, "Close returned", time.Since(start), 0)
+		await(t, served, "Serve's return after Close")
+	})
+}
+
 // shutdownWithin fails the test unless Shutdown returns within d.
 func shutdownWithin(t *testing.T, srv *Server, d time.Duration) {
 	t.Helper()
@@ -923,61 +1046,136 @@ func TestNoWriteAfterFailedPush(t *testing.T) {
 	}
 }
 
-// Shutdown returns when its context ends, even while an Authorize callback
-// is still running (for 3s here).
-func TestShutdownDoesNotWaitForAuthorize(t *testing.T) {
+// A write cut after part of a frame was sent ends the stream there:
+// nothing more is written, not even the final ERROR that the end which cut
+// it decided, since the client could no longer tell where a frame begins.
+// Here the holder has read 1 byte of the reply to its HEARTBEAT when
+// ForceRelease cuts the write. Fake time over pipes: a write waits for the
+// client's reads.
+func TestNothingIsWrittenAfterAFrameCutShort(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		entered := make(chan struct{})
-		var once sync.Once
-		srv := &Server{IOTimeout: 10 * time.Second, Authorize: func(identity, lock string) bool {
-			once.Do(func() { close(entered) })
-			time.Sleep(3 * time.Second)
-			return true
-		}}
+		srv := &Server{IOTimeout: time.Minute}
 		l := newPipeListener()
 		served := make(chan error, 1)
 		go func() { served <- srv.Serve(l) }()
 		defer srv.Close()
-
-		cc := l.dial("c")
-		c := watch("c", cc)
-		sendFrames(t, cc, acquire("x", time.Minute))
-		select {
-		case <-entered:
-		case <-time.After(time.Second):
-			t.Fatal("Authorize was not called")
+		hc := l.dial("h")
+		defer hc.Close()
+		sendFrames(t, hc, acquire("x", time.Minute))
+		mustRead(t, hc, TypeAcquired)
+		sendFrames(t, hc, heartbeat)
+		var first [1]byte
+		hc.SetReadDeadline(time.Now().Add(time.Minute))
+		if _, err := io.ReadFull(hc, first[:]); err != nil || first[0] != TypeAcquired {
+			t.Fatalf("h read % x, %v; want the first byte of an ACQUIRED", first, err)
 		}
-
-		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
-		defer cancel()
-		start := time.Now()
-		returned := make(chan error, 1)
-		go func() { returned <- srv.Shutdown(ctx) }()
-		var err error
-		select {
-		case err = <-returned:
-		case <-time.After(time.Second):
-			err = <-returned
+		synctest.Wait() // the reply's write waits for h to read its other 8 bytes
+		if _, err := srv.ForceRelease("x", 0); err != nil {
+			t.Fatalf("ForceRelease: %v", err)
 		}
-		if took := time.Since(start); took > time.Second {
-			t.Errorf("Shutdown returned after %v; its context ended after 100ms (Authorize takes 3s)", took)
-		}
-		if !errors.Is(err, context.DeadlineExceeded) {
-			t.Errorf("Shutdown = %v, want the context's error", err)
-		}
-		got, _ := c.finish(t)
-		if len(got) > 1 || len(got) == 1 && (got[0].Type != TypeError || got[0].Code != CodeShuttingDown) {
-			t.Errorf("c received %s, want nothing or [ERROR(0x01)]", showFrames(got))
-		}
-		cc.Close()
-		select {
-		case <-served:
-		case <-time.After(soon):
-			t.Errorf("Serve did not return")
-		}
-		time.Sleep(3 * time.Second) // Authorize returns, and its session ends
 		synctest.Wait()
+		hc.SetReadDeadline(time.Now().Add(time.Minute))
+		if rest, err := io.ReadAll(hc); len(rest) != 0 || err != nil {
+			t.Errorf("after 1 byte of an ACQUIRED whose write ForceRelease cut, h read % x, then %v; want nothing, then the end of the stream", rest, err)
+		}
+		shutdownNow(t, srv, served)
 	})
+}
+
+// Close closes every connection at once, among them one whose final ERROR
+// is being written to a client that does not read; until then that
+// connection counts as open. Fake time over pipes: a write waits for the
+// client's reads.
+func TestCloseCutsAFinalFrameStuckOnItsClient(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		srv := &Server{IOTimeout: time.Minute}
+		l := newPipeListener()
+		served := make(chan error, 1)
+		go func() { served <- srv.Serve(l) }()
+		defer srv.Close()
+		hc := l.dial("h")
+		defer hc.Close()
+		sendFrames(t, hc, acquire("x", time.Minute))
+		mustRead(t, hc, TypeAcquired)
+		if _, err := srv.ForceRelease("x", 0); err != nil {
+			t.Fatalf("ForceRelease: %v", err)
+		}
+		synctest.Wait() // the ERROR 0x02's write waits for h to read
+		if n := srv.Stats().Connections; n != 1 {
+			t.Errorf("Connections = %d while h's final ERROR is being written, want 1", n)
+		}
+		srv.Close()
+		synctest.Wait()
+		if fs := readRest(hc); len(fs) != 0 {
+			t.Errorf("h read %s after Close, want nothing: Close closes every connection at once", showFrames(fs))
+		}
+		if n := srv.Stats().Connections; n != 0 {
+			t.Errorf("Connections = %d after Close, want 0", n)
+		}
+		await(t, served, "Serve's return after Close")
+	})
+}
+
+// Shutdown returns when its context ends, even while an Authorize callback
+// is still running (for 5s here): whether the context ends before the
+// io-timeout (1s) or after it, when Shutdown has closed every connection
+// and waits on. Fake time: exact.
+func TestShutdownDoesNotWaitForAuthorize(t *testing.T) {
+	for _, ctxTimeout := range []time.Duration{100 * time.Millisecond, 2 * time.Second} {
+		t.Run(fmt.Sprint("ctx ", ctxTimeout), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				const authorizing = 5 * time.Second
+				entered := make(chan struct{})
+				var once sync.Once
+				srv := &Server{IOTimeout: time.Second, Authorize: func(identity, lock string) bool {
+					once.Do(func() { close(entered) })
+					time.Sleep(authorizing)
+					return true
+				}}
+				l := newPipeListener()
+				served := make(chan error, 1)
+				go func() { served <- srv.Serve(l) }()
+				defer srv.Close()
+
+				cc := l.dial("c")
+				c := watch("c", cc)
+				sendFrames(t, cc, acquire("x", time.Minute))
+				select {
+				case <-entered:
+				case <-time.After(time.Second):
+					t.Fatal("Authorize was not called")
+				}
+
+				ctx, cancel := context.WithTimeout(context.Background(), ctxTimeout)
+				defer cancel()
+				start := time.Now()
+				returned := make(chan error, 1)
+				go func() { returned <- srv.Shutdown(ctx) }()
+				var err error
+				select {
+				case err = <-returned:
+				case <-time.After(time.Minute):
+					t.Fatal("Shutdown did not return within a (fake) minute")
+				}
+				atInstant(t, "Shutdown returned", time.Since(start), ctxTimeout)
+				if !errors.Is(err, context.DeadlineExceeded) {
+					t.Errorf("Shutdown = %v, want the context's error", err)
+				}
+				got, _ := c.finish(t)
+				if len(got) > 1 || len(got) == 1 && (got[0].Type != TypeError || got[0].Code != CodeShuttingDown) {
+					t.Errorf("c received %s, want nothing or [ERROR(0x01)]", showFrames(got))
+				}
+				cc.Close()
+				select {
+				case <-served:
+				case <-time.After(soon):
+					t.Errorf("Serve did not return")
+				}
+				time.Sleep(authorizing) // Authorize returns, and its session ends
+				synctest.Wait()
+			})
+		})
+	}
 }
 
 func sendAcquire(t *testing.T, c net.Conn, name string, lease time.Duration) {
@@ -1983,6 +2181,69 @@ func TestBlockedWriteEndsAtTheLease(t *testing.T) {
 			})
 		})
 	}
+}
+
+// While another goroutine writes to a session (here the push of its
+// promotion, to a client that reads nothing yet), the session's own
+// goroutine reads on and leaves its answers to that writer: it neither
+// waits for the push nor writes beside it. The client's heartbeats are all
+// read while the push waits, and their answers follow it, in order. Real
+// time over pipes: a goroutine waiting for the pipe beside a writer would
+// wait on a mutex, which fake time does not see as durably blocked.
+func TestSessionReadsOnWhileAnotherWriterIsStuck(t *testing.T) {
+	srv := &Server{IOTimeout: time.Minute}
+	l := newPipeListener()
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(l) }()
+	defer srv.Close()
+	hc := l.dial("h")
+	defer hc.Close()
+	sendFrames(t, hc, acquire("x", time.Minute))
+	mustRead(t, hc, TypeAcquired)
+	wc, server := net.Pipe()
+	defer wc.Close()
+	ws := &readingConn{Conn: namedConn{server, pipeAddr("w")}}
+	go func() {
+		select {
+		case l.conns <- ws:
+		case <-l.done:
+			server.Close()
+		}
+	}()
+	sendFrames(t, wc, acquire("x", time.Minute))
+	mustRead(t, wc, TypeWaiting) // then nothing, until its heartbeats are read
+	// Once the session reads again, its own writing is done: the push is
+	// left to a writer of its own.
+	waitFor(t, "w's session to read again", func() bool { return ws.reading.Load() })
+	hc.Close()
+	waitFor(t, "w's promotion", func() bool { return holderOf(srv, "x") == "w" })
+
+	const beats = 64 // two reads
+	wc.SetWriteDeadline(time.Now().Add(soon))
+	if _, err := wc.Write(bytes.Repeat([]byte{TypeHeartbeat}, beats)); err != nil {
+		t.Fatalf("w's %d heartbeats were not all read within %v while its push waited: %v (%d decided)", beats, soon, err, srv.Stats().Heartbeats)
+	}
+	waitFor(t, "w's heartbeats to be decided", func() bool { return srv.Stats().Heartbeats == beats })
+	fs := awaitFrames(t, wc, 1+beats)
+	for i, f := range fs {
+		if f.Type != TypeAcquired || f.Token != fs[0].Token {
+			t.Fatalf("w's frame %d of %d is %s; want the push and the answers, all ACQUIRED(%d)", i+1, len(fs), showFrames([]Frame{f}), fs[0].Token)
+		}
+	}
+	go io.Copy(io.Discard, wc) // Shutdown's ERROR 0x01
+	shutdownNow(t, srv, served)
+}
+
+// readingConn says whether a Read is under way on it.
+type readingConn struct {
+	net.Conn
+	reading atomic.Bool
+}
+
+func (c *readingConn) Read(b []byte) (int, error) {
+	c.reading.Store(true)
+	defer c.reading.Store(false)
+	return c.Conn.Read(b)
 }
 
 // While another writer is stuck on a session (here the push of its

@@ -88,7 +88,7 @@ mutant push-after-final-frame server.go 'TestWaiterEndingAsHolderLeaves|TestProm
   $'} else {\n\t\tl.waiters.Remove(s.elem)' \
   $'} else if s.final == nil {\n\t\tl.waiters.Remove(s.elem)'
 # drainLocked: after a failed write, what is still owed is written.
-mutant write-after-failed-write server.go 'TestNoWriteAfterFailedPush|TestInterleavingNoPushAfterAFailedWrite' . \
+mutant write-after-failed-write server.go 'TestNothingIsWrittenAfterAFrameCutShort|TestNoWriteAfterFailedPush|TestInterleavingNoPushAfterAFailedWrite' . \
   $'srv.stopLocked(s, err)\n\t\t\ts.owedWaiting, s.owedAcquired, s.final = 0, 0, nil' \
   'srv.stopLocked(s, err)'
 # Rule 3 (stopLocked): another party's end keeps what was owed (a push, a
@@ -116,15 +116,15 @@ mutant force-release-ignores-token server.go 'TestForceReleaseByToken' . \
 mutant events-unbounded server.go 'TestStalledOnEventIsBounded' . \
   'if len(srv.events) >= maxQueuedEvents {' \
   'if false {'
-mutant shutdown-unbounded server.go 'TestShutdownBoundedWhateverClientsDo|TestInterleavingShutdownExceedsIOTimeout|TestShutdownWithTLSClientsIsBounded|TestShutdownFinalErrorIsBoundedByTheIOTimeout' . \
+mutant shutdown-unbounded server.go 'TestShutdownOverTLSReturnsAtTheIOTimeout|TestShutdownFinalErrorIsBoundedByTheIOTimeout' . \
   'bound := time.NewTimer(srv.ioTimeout())' \
   'bound := time.NewTimer(time.Hour)'
-mutant tls-close-notify server.go 'TestShutdownWithTLSClientsIsBounded' . \
+mutant tls-close-notify server.go 'TestShutdownOverTLSReturnsAtTheIOTimeout|TestCloseDoesNotWaitForTLSClients' . \
   'c = tc.NetConn()' \
   '_ = tc'
 # A session leaves srv.sessions when its final ERROR is taken, before it is
 # written: Close cannot close a connection whose final write is stuck.
-mutant sessions-forgotten-before-final-frame server.go 'TestInterleavingShutdownIgnoresContext|TestShutdownDeadlineClosesStuckSessions|TestShutdownBoundedWhateverClientsDo|TestShutdownWithTLSClientsIsBounded' . \
+mutant sessions-forgotten-before-final-frame server.go 'TestCloseCutsAFinalFrameStuckOnItsClient|TestInterleavingShutdownIgnoresContext|TestShutdownDeadlineClosesStuckSessions' . \
   $'b, _ = Frame{Type: TypeError, Code: code, Reason: reason}.AppendBinary(b)\n\t}' \
   $'b, _ = Frame{Type: TypeError, Code: code, Reason: reason}.AppendBinary(b)\n\t\tdelete(s.srv.sessions, s)\n\t}'
 # drainLocked ends a session whose write failed as if by another party.
@@ -182,10 +182,17 @@ mutant bad-byte-answered-as-alive server.go 'TestErrorCodes|TestErrorsAfterTheGr
 mutant owed-unbounded server.go 'TestOwedAnswersAreBounded' . \
   'owed+beats > maxOwed {' \
   'false && owed+beats > maxOwed {'
-# takeLocked: ACQUIRED written before WAITING.
-mutant acquired-before-waiting server.go 'TestRaceHunt|TestLockTableAgainstModel|TestGrantWaitAndPushPromotion' . \
-  $'\tfor ; s.owedWaiting > 0 && len(b) < maxBatch; s.owedWaiting-- {\n\t\tb = append(b, TypeWaiting)\n\t}\n\tfor ; s.owedWaiting == 0 && s.owedAcquired > 0 && len(b)+9 <= maxBatch; s.owedAcquired-- {\n\t\tb = binary.BigEndian.AppendUint64(append(b, TypeAcquired), s.token)\n\t}\n' \
-  $'\tfor ; s.owedAcquired > 0 && len(b)+9 <= maxBatch; s.owedAcquired-- {\n\t\tb = binary.BigEndian.AppendUint64(append(b, TypeAcquired), s.token)\n\t}\n\tfor ; s.owedAcquired == 0 && s.owedWaiting > 0 && len(b) < maxBatch; s.owedWaiting-- {\n\t\tb = append(b, TypeWaiting)\n\t}\n'
+# Not a mutant: "takeLocked writes ACQUIRED before WAITING" (the two loops
+# swapped) is equivalent, so it is left out. The order of the two loops
+# matters only if one take finds both owedWaiting and owedAcquired above
+# zero, and none can: a WAITING is owed only by the session's own goroutine
+# (joinLocked in acquire, heartbeatLocked while waiting), which in the same
+# critical section calls drainOwnLocked; that finds the writer's role free,
+# since every other taker of it (wakeLocked from Shutdown, kick and
+# promoteLocked) first moves the session out of waiting for good, so the
+# first take empties owedWaiting (at most 32, far below maxBatch) before
+# srv.mu is released. An ACQUIRED owed later meets owedWaiting == 0.
+
 # run: no pause after a read of more than one byte; caught in-process or
 # through the binary.
 mutant flood-pause-removed server.go 'TestFloodPauseAfterAMultiByteRead|TestHeartbeatFloodDelaysNobody' . \
@@ -202,7 +209,7 @@ mutant flood-pause-removed-process server.go 'TestHeartbeatFloodStarvesNobody' .
 mutant shutdown-waits-past-ctx server.go 'TestShutdownDoesNotWaitForAuthorize|TestStalledOnEventIsBounded|TestShutdownDeadlineClosesStuckSessions' . \
   $'case <-ctx.Done():\n\t\tsrv.Close()\n\t\treturn ctx.Err()' \
   $'case <-ctx.Done():\n\t\tsrv.Close()\n\t\t<-finished\n\t\treturn ctx.Err()'
-mutant shutdown-after-bound-ignores-ctx server.go 'TestShutdownDoesNotWaitForAuthorize|TestStalledOnEventIsBounded|TestShutdownDeadlineClosesStuckSessions|TestShutdownWithTLSClientsIsBounded' . \
+mutant shutdown-after-bound-ignores-ctx server.go 'TestShutdownDoesNotWaitForAuthorize' . \
   $'\t\treturn nil\n\tcase <-ctx.Done():\n\t\treturn ctx.Err()\n\t}\n}' \
   $'\t\treturn nil\n\t}\n}'
 # joinLocked: a session whose lease passed during Authorize is granted.
@@ -227,11 +234,13 @@ mutant release-event-after-the-grant server.go 'TestForceReleaseAndKickWaiter|Te
 mutant second-writer server.go 'TestRaceHunt|TestInterleavingPushAfterForceRelease|TestLockTableAgainstModel' . \
   $'\tif !s.writing {\n\t\ts.writing = true\n\t\tsrv.wg.Add(1)' \
   $'\tif true {\n\t\ts.writing = true\n\t\tsrv.wg.Add(1)'
-mutant reader-writes-beside-the-writer server.go 'TestOwedAnswersAreBounded|TestRaceHunt|TestInterleavingPushAfterForceRelease' . \
+# (TestOwedAnswersAreBounded hangs under the second: fake time stands still
+# while a goroutine waits for net.Pipe's write mutex.)
+mutant reader-writes-beside-the-writer server.go 'TestSessionReadsOnWhileAnotherWriterIsStuck' . \
   $'\tif s.writing {\n\t\ts.srv.mu.Unlock()' \
   $'\tif false {\n\t\ts.srv.mu.Unlock()'
 # endLocked: an ERROR decided for a session still in its TLS handshake.
-mutant frame-during-tls-handshake server.go 'TestShutdownWithTLSClientsIsBounded|TestTLSHandshakeIsBounded|TestShutdownSendsShuttingDownToEverySession' . \
+mutant frame-during-tls-handshake server.go 'TestShutdownClosesATLSHandshakeWithoutAFrame|TestTLSHandshakeIsBounded' . \
   'why = nil // a frame now would only start another handshake' \
   '_ = why'
 
