@@ -33,12 +33,12 @@ mutant() { # name file regex package old new
 # The session lifecycle of docs/sessions.md; the rule numbers are those of
 # the block at the top of server.go.
 mutant lifo-promotion server.go 'TestFIFOOrderAndLeavingFromTheMiddle|TestLockTableAgainstModel' . \
-  'for front := l.waiters.Front(); front != nil; front = l.waiters.Front() {' \
-  'for front := l.waiters.Back(); front != nil; front = l.waiters.Back() {'
+  'for front := l.waiters.Front(); front != nil && l.holder == nil; front = l.waiters.Front() {' \
+  'for front := l.waiters.Back(); front != nil && l.holder == nil; front = l.waiters.Back() {'
 # The promoter decides the push and starts no writer for it.
 mutant missing-push server.go 'TestGrantWaitAndPushPromotion' . \
-  $'srv.grantLocked(l, next)\n\t\tsrv.wakeLocked(next)' \
-  'srv.grantLocked(l, next)'
+  $'\t\t\tsrv.grantLocked(l, next)\n\t\t}\n\t\tsrv.wakeLocked(next)' \
+  $'\t\t\tsrv.grantLocked(l, next)\n\t\t\tcontinue\n\t\t}\n\t\tsrv.wakeLocked(next)'
 # The promoted waiter is pushed the leaving holder's token.
 mutant reused-token server.go 'TestGrantWaitAndPushPromotion|TestTokensAboveTheClockGoOnByOne' . \
   $'\t\t\tsrv.promoteLocked(l)\n' \
@@ -60,13 +60,13 @@ mutant no-io-timeout-before-acquire server.go 'TestIOTimeout$' . \
   $'s.conn.SetReadDeadline(time.Now().Add(srv.ioTimeout()))\n\tn, err := s.conn.Read(s.rbuf[:])' \
   $'s.conn.SetReadDeadline(time.Now().Add(time.Hour))\n\tn, err := s.conn.Read(s.rbuf[:])'
 mutant no-io-timeout-inside-acquire server.go 'TestIOTimeout$|TestIOTimeoutBoundsTheWholeRestOfAFrame' . \
-  's.conn.SetReadDeadline(time.Now().Add(srv.ioTimeout())) // the rest of a begun frame' \
-  's.conn.SetReadDeadline(time.Now().Add(time.Hour)) // the rest of a begun frame'
+  's.conn.SetReadDeadline(time.Now().Add(s.srv.ioTimeout()))' \
+  's.conn.SetReadDeadline(time.Now().Add(time.Hour))'
 # Read: the rest of an ACQUIRE gets a fresh io-timeout at each read, so a
 # dribbling client holds a frame open for many io-timeouts.
 mutant acquire-deadline-renewed-per-read server.go 'TestIOTimeoutBoundsTheWholeRestOfAFrame' . \
-  $'if s.r == s.w {\n\t\treturn s.conn.Read(p)' \
-  $'if s.r == s.w {\n\t\ts.conn.SetReadDeadline(time.Now().Add(s.srv.ioTimeout()))\n\t\treturn s.conn.Read(p)'
+  'if s.w != 0 {' \
+  'if true {'
 # Rule 3 (endLocked): it keeps promoting while the server is closing.
 mutant promotion-during-shutdown server.go 'TestShutdownPromotesNobody|TestShutdownSendsShuttingDownToEverySession' . \
   $'if !srv.closing.Load() {\n\t\t\tsrv.promoteLocked(l)\n\t\t}' \
@@ -94,8 +94,8 @@ mutant write-after-failed-write server.go 'TestNothingIsWrittenAfterAFrameCutSho
 # Rule 3 (stopLocked): another party's end keeps what was owed (a push, a
 # heartbeat's answer) and writes it before the final ERROR.
 mutant push-after-force-release server.go 'TestInterleavingPushAfterForceRelease|TestNoPushAfterForceRelease|TestNoHeartbeatReplyAfterKickWaiter' . \
-  $'s.owedWaiting, s.owedAcquired = 0, 0\n\t\ts.stopped.Store(true)' \
-  's.stopped.Store(true)'
+  $'if s.phase < phaseEnding {\n\t\ts.owedWaiting, s.owedAcquired = 0, 0\n\t\ts.stopped.Store(true)' \
+  $'if s.phase < phaseEnding {\n\t\ts.stopped.Store(true)'
 # Rule 2 (heartbeatLocked): a heartbeat read as an administrator ends the
 # session is answered.
 mutant heartbeat-reply-after-stop server.go 'TestInterleavingHeartbeatReplyAfterForceRelease|TestNoHeartbeatReplyAfterForceRelease|TestNoHeartbeatReplyAfterKickWaiter' . \
@@ -104,8 +104,18 @@ mutant heartbeat-reply-after-stop server.go 'TestInterleavingHeartbeatReplyAfter
 # Rule 3 (endLocked): an end without an ERROR (a lease, a read error, too
 # many answers owed) keeps what was owed and writes it.
 mutant end-without-error-keeps-owed server.go 'TestExpiredSessionGetsNothingMore|TestOwedAnswersAreBounded|TestBlockedWriteEndsAtTheLease' . \
-  $'} else { // an end without a word: nothing more is written\n\t\ts.owedWaiting, s.owedAcquired = 0, 0\n\t}' \
-  '}'
+  $'} else { // an end without a word: nothing more is written\n\t\ts.owedWaiting, s.owedAcquired = 0, 0\n' \
+  $'} else {\n'
+# Rule 5 (endLocked): an end without a word does not stop a writer that has
+# taken a push: it is written after the end, and after the next grant.
+mutant own-end-not-stopped server.go 'TestPushTakenBeforeALeaseEndIsNeverWritten' . \
+  $'s.owedWaiting, s.owedAcquired = 0, 0\n\t\ts.stopped.Store(true)\n\t}\n\tl := s.lock' \
+  $'s.owedWaiting, s.owedAcquired = 0, 0\n\t}\n\tl := s.lock'
+# Rule 5 (endOwnLocked): the session's own end without a word does not cut
+# a write that has passed its check of stopped.
+mutant own-end-not-cut server.go 'TestPushBegunAtALeaseEndIsCut' . \
+  'cut := srv.endLocked(s, why) && s.final == nil && srv.cutLocked(s)' \
+  'cut := srv.endLocked(s, why) && false'
 # Rule 3 (endLocked): a kicked waiter stays queued.
 mutant kick-leaves-waiter-queued server.go 'TestWaiterEndingAsHolderLeaves|TestForceReleaseAndKickWaiter|TestRaceHunt' . \
   $'} else {\n\t\tl.waiters.Remove(s.elem)' \
@@ -117,8 +127,8 @@ mutant events-unbounded server.go 'TestStalledOnEventIsBounded' . \
   'if len(srv.events) >= maxQueuedEvents {' \
   'if false {'
 mutant shutdown-unbounded server.go 'TestShutdownOverTLSReturnsAtTheIOTimeout|TestShutdownFinalErrorIsBoundedByTheIOTimeout' . \
-  'bound := time.NewTimer(srv.ioTimeout())' \
-  'bound := time.NewTimer(time.Hour)'
+  'bound := time.AfterFunc(srv.ioTimeout(),' \
+  'bound := time.AfterFunc(time.Hour,'
 mutant tls-close-notify server.go 'TestShutdownOverTLSReturnsAtTheIOTimeout|TestCloseDoesNotWaitForTLSClients' . \
   'c = tc.NetConn()' \
   '_ = tc'
@@ -146,8 +156,8 @@ mutant drain-checks-stop-before-deadline server.go 'TestNoHeartbeatReplyAfterFor
 # kick and cutLocked: no past write deadline for a write already taken
 # (kick's alone, or Shutdown's and kick's).
 mutant kick-does-not-cut server.go 'TestForceReleaseJustBeforeAWritePlain|TestKickWaiterDoesNotWaitForSlowClient' . \
-  $'\tif cut {\n\t\tcloseAll(nil, []*session{s})\n\t}\n' \
-  $'\t_ = cut\n'
+  $'\tif cut {\n\t\tcloseAll(nil, []*session{s})\n\t}\n\treturn info, nil' \
+  $'\t_ = cut\n\treturn info, nil'
 mutant cut-cuts-nothing server.go 'TestInterleavingShutdownExceedsIOTimeout|TestForceReleaseJustBeforeAWritePlain|TestShutdownDeadlineClosesStuckSessions' . \
   'return s.writing && !isTLS' \
   'return false && s.writing && !isTLS'
@@ -199,8 +209,12 @@ mutant flood-pause-removed server.go 'TestFloodPauseAfterAMultiByteRead|TestHear
   'floodPause = time.Millisecond' \
   'floodPause = 0'
 mutant flood-pause-skipped server.go 'TestFloodPauseAfterAMultiByteRead|TestHeartbeatFloodDelaysNobody' . \
-  'time.Sleep(pause)' \
+  'time.Sleep(min(pause, time.Until(deadline)))' \
   '_ = pause'
+# run: the flood pause outlives a short lease, and with it the lock.
+mutant flood-pause-outlives-lease server.go 'TestFloodPauseEndsAtTheLease' . \
+  'time.Sleep(min(pause, time.Until(deadline)))' \
+  'time.Sleep(pause)'
 mutant flood-pause-removed-process server.go 'TestHeartbeatFloodStarvesNobody' ./cmd/monolock \
   'floodPause = time.Millisecond' \
   'floodPause = 0'
@@ -209,9 +223,9 @@ mutant flood-pause-removed-process server.go 'TestHeartbeatFloodStarvesNobody' .
 mutant shutdown-waits-past-ctx server.go 'TestShutdownDoesNotWaitForAuthorize|TestStalledOnEventIsBounded|TestShutdownDeadlineClosesStuckSessions' . \
   $'case <-ctx.Done():\n\t\tsrv.Close()\n\t\treturn ctx.Err()' \
   $'case <-ctx.Done():\n\t\tsrv.Close()\n\t\t<-finished\n\t\treturn ctx.Err()'
-mutant shutdown-after-bound-ignores-ctx server.go 'TestShutdownDoesNotWaitForAuthorize' . \
-  $'\t\treturn nil\n\tcase <-ctx.Done():\n\t\treturn ctx.Err()\n\t}\n}' \
-  $'\t\treturn nil\n\t}\n}'
+# (shutdown-after-bound-ignores-ctx is gone: since the io-timeout bound is
+# a timer that calls Close, Shutdown has one wait, and shutdown-waits-past-ctx
+# is its mutant.)
 # joinLocked: a session whose lease passed during Authorize is granted.
 mutant join-ignores-lease server.go 'TestNoGrantWhenAuthorizeOutlastsTheLease' . \
   'case time.Since(read) >= s.lease:' \
