@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"cmp"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -73,12 +74,14 @@ func (c *Client) Do(ctx context.Context, name string, lease time.Duration, fn fu
 	return l.run(ctx, fn)
 }
 
-// DoRetry is Do that retries a dial failure, a connection lost or silent
-// while queued, and server conditions (codes below 0x10), at once after
-// ERROR 0x01 (another server may already listen), else after a wait from
-// [base, 1.5×base), base 100ms doubling to 5s, so that a crowd of clients
-// does not retry in step. Client errors (codes from 0x10), invalid input
-// and the end of ctx return at once. fn runs at most once.
+// DoRetry is Do that retries what may succeed later: a failed dial, a
+// connection closed or silent before the grant (a balancer in front of a
+// dead or starting backend closes it before any reply), and codes below
+// 0x10; at once after ERROR 0x01 (another server may already listen), else
+// after a wait drawn from [base, 1.5×base), base 100ms doubling to 5s, so
+// that a crowd of clients does not retry in step. It returns at once what
+// cannot: invalid input, codes from 0x10, a protocol violation, a server
+// certificate that does not verify, and the end of ctx. fn runs at most once.
 func (c *Client) DoRetry(ctx context.Context, name string, lease time.Duration, fn func(ctx context.Context, token uint64) error) error {
 	backoff := 100 * time.Millisecond
 	for again := false; ; {
@@ -87,19 +90,20 @@ func (c *Client) DoRetry(ctx context.Context, name string, lease time.Duration, 
 			return l.run(ctx, fn)
 		}
 		var se *ServerError
-		isServerErr := errors.As(err, &se)
-		switch {
+		var cert *tls.CertificateVerificationError
+		wait := backoff + rand.N(backoff/2)
+		switch isServerErr := errors.As(err, &se); {
+		case errors.As(err, &cert), ctx.Err() != nil:
+			return err
 		case isServerErr && se.Code == CodeShuttingDown && !again:
-			again = true // at once, but only once in a row: a server may say it forever
-			continue
-		case isServerErr && se.Temporary(), errors.Is(err, ErrDial), errors.Is(err, ErrHeartbeatTimeout),
-			errors.Is(err, ErrConnectionClosed) && !errors.Is(err, errNoReply):
+			wait = 0 // at once, but only once in a row: a server may say it forever
+		case isServerErr && se.Temporary(), errors.Is(err, ErrDial), errors.Is(err, ErrHeartbeatTimeout), errors.Is(err, ErrConnectionClosed):
+			backoff = min(2*backoff, 5*time.Second)
 		default:
 			return err
 		}
-		again = false
-		t := time.NewTimer(backoff + rand.N(backoff/2))
-		backoff = min(2*backoff, 5*time.Second)
+		again = wait == 0
+		t := time.NewTimer(wait)
 		select {
 		case <-t.C:
 		case <-ctx.Done():
@@ -142,7 +146,7 @@ func (c *Client) acquire(ctx context.Context, name string, lease time.Duration, 
 	}
 	conn, err := c.cfg.Dialer.DialContext(ctx, "tcp", c.cfg.Address)
 	if err != nil {
-		if ctx.Err() != nil {
+		if ended(ctx) {
 			return nil, ctxErr(ctx)
 		}
 		return nil, &dialError{err}
@@ -151,19 +155,27 @@ func (c *Client) acquire(ctx context.Context, name string, lease time.Duration, 
 		done: make(chan struct{})}
 	l.ctx, l.cancel = context.WithCancelCause(context.WithoutCancel(ctx))
 	stop := context.AfterFunc(ctx, func() { l.Release() }) // ends any read or write of the claim at once
-	held := l.claim(true)
-	switch {
-	case !stop():
-		if held { // no goroutine of its own yet
-			l.Release()
-			close(l.done)
-		}
-		return nil, ctxErr(ctx)
-	case !held:
+	switch held, stopped := l.claim(true), stop(); {
+	case held && stopped:
+		go l.claim(false)
+		return l, nil
+	case held: // no goroutine of its own yet
+		l.Release()
+		close(l.done)
+	case stopped && !ended(ctx):
 		return nil, l.err
 	}
-	go l.claim(false)
-	return l, nil
+	return nil, ctxErr(ctx)
+}
+
+// ended reports whether ctx has ended. At its deadline it waits for the
+// end, which comes a moment later: a dialer that stops at the deadline
+// returns its own error in between.
+func ended(ctx context.Context) bool {
+	if d, ok := ctx.Deadline(); ok && !time.Now().Before(d) {
+		<-ctx.Done()
+	}
+	return ctx.Err() != nil
 }
 
 // Lock is a held lock, heartbeated by its goroutine until Release or a loss.
@@ -295,7 +307,7 @@ func (l *Lock) send(b []byte, deadline time.Time) error {
 	if _, err := l.conn.Write(b); os.IsTimeout(err) { // the write deadline is the claim's
 		return ErrHeartbeatTimeout
 	} else if err != nil {
-		return &closedError{"", err, false}
+		return &closedError{"", err}
 	}
 	return nil
 }
@@ -325,10 +337,10 @@ func (l *Lock) read(deadline time.Time) (Frame, error) {
 	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
 		by = " by the server"
 	}
-	if l.st == connecting { // what a TLS mismatch looks like from here
-		return Frame{}, &closedError{by + " before any reply", err, true}
+	if l.st == connecting { // a TLS mismatch, or a balancer without a backend
+		by += " before any reply"
 	}
-	return Frame{}, &closedError{by, err, false}
+	return Frame{}, &closedError{by, err}
 }
 
 // judge acts on a frame read at at.
@@ -419,18 +431,11 @@ func (e *dialError) Error() string        { return e.err.Error() }
 func (e *dialError) Unwrap() error        { return e.err }
 func (e *dialError) Is(target error) bool { return target == ErrDial }
 
-// errNoReply marks a connection that the server closed before any reply:
-// the same bytes would meet the same end, so DoRetry does not retry it.
-var errNoReply = errors.New("monolock: closed before any reply")
-
 // closedError is ErrConnectionClosed and its cause, worded only when read.
 type closedError struct {
-	by      string
-	err     error
-	noReply bool
+	by  string
+	err error
 }
-
-func (e *closedError) Is(target error) bool { return e.noReply && target == errNoReply }
 
 func (e *closedError) Error() string {
 	return ErrConnectionClosed.Error() + e.by + ": " + e.err.Error()
