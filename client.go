@@ -39,6 +39,12 @@ type Dialer interface {
 type Config struct {
 	Address string // host:port of the server
 	Dialer  Dialer // nil means a zero net.Dialer
+
+	// OnRetry, if set, is called by DoRetry before each wait, in its
+	// goroutine: the attempt that failed (from 1), why, and the wait
+	// before the next (0: at once). Without it a wrong address or a TLS
+	// mismatch is retried silently until ctx ends.
+	OnRetry func(attempt int, err error, wait time.Duration)
 }
 
 // Client acquires locks from one server; it is safe for concurrent use.
@@ -84,7 +90,7 @@ func (c *Client) Do(ctx context.Context, name string, lease time.Duration, fn fu
 // certificate that does not verify, and the end of ctx. fn runs at most once.
 func (c *Client) DoRetry(ctx context.Context, name string, lease time.Duration, fn func(ctx context.Context, token uint64) error) error {
 	backoff := 100 * time.Millisecond
-	for again := false; ; {
+	for attempt, again := 1, false; ; attempt++ {
 		l, err := c.Acquire(ctx, name, lease)
 		if err == nil {
 			return l.run(ctx, fn)
@@ -103,6 +109,9 @@ func (c *Client) DoRetry(ctx context.Context, name string, lease time.Duration, 
 			return err
 		}
 		again = wait == 0
+		if c.cfg.OnRetry != nil {
+			c.cfg.OnRetry(attempt, err, wait)
+		}
 		t := time.NewTimer(wait)
 		select {
 		case <-t.C:
@@ -119,7 +128,7 @@ func (l *Lock) run(ctx context.Context, fn func(ctx context.Context, token uint6
 	stop := context.AfterFunc(ctx, func() { l.cancel(context.Cause(ctx)) })
 	defer func() {
 		stop()
-		if lost := l.Release(); lost != nil {
+		if lost := l.Release(); lost != nil && !errors.Is(err, lost) { // fn may return the cause
 			err = errors.Join(err, lost)
 		}
 	}()
@@ -149,7 +158,7 @@ func (c *Client) acquire(ctx context.Context, name string, lease time.Duration, 
 		if ended(ctx) {
 			return nil, ctxErr(ctx)
 		}
-		return nil, &dialError{err}
+		return nil, &dialError{c.cfg.Address, err}
 	}
 	l := &Lock{name: name, lease: lease, conn: conn, r: bufio.NewReaderSize(conn, 64), try: try,
 		done: make(chan struct{})}
@@ -425,9 +434,17 @@ func ctxErr(ctx context.Context) error {
 }
 
 // dialError keeps the dialer's error as it is and adds ErrDial.
-type dialError struct{ err error }
+type dialError struct {
+	addr string
+	err  error
+}
 
-func (e *dialError) Error() string        { return e.err.Error() }
+func (e *dialError) Error() string {
+	if op := (*net.OpError)(nil); errors.As(e.err, &op) { // it names the address
+		return "monolock: " + e.err.Error()
+	}
+	return "monolock: dial " + e.addr + ": " + e.err.Error()
+}
 func (e *dialError) Unwrap() error        { return e.err }
 func (e *dialError) Is(target error) bool { return target == ErrDial }
 

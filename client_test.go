@@ -10,9 +10,11 @@ import (
 	"math/rand/v2"
 	"net"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -1338,14 +1340,21 @@ func TestReleaseDoesNotWaitForTheWrite(t *testing.T) {
 }
 
 // DoRetry waits 100ms, then twice as long each time up to 5s, each wait
-// drawn from [base, 1.5×base).
+// drawn from [base, 1.5×base), and tells OnRetry each attempt and wait.
 func TestDoRetryBackoff(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var dials []time.Time
+		var told []time.Duration
+		errRefused := errors.New("refused")
 		c := New(Config{Address: "nowhere", Dialer: dialerFunc(func(context.Context, string, string) (net.Conn, error) {
 			dials = append(dials, time.Now())
-			return nil, errors.New("refused")
-		})})
+			return nil, errRefused
+		}), OnRetry: func(attempt int, err error, wait time.Duration) {
+			if attempt != len(dials) || !errors.Is(err, errRefused) {
+				t.Errorf("OnRetry(%d, %v) after %d dials", attempt, err, len(dials))
+			}
+			told = append(told, wait)
+		}})
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
 		err := c.DoRetry(ctx, "r", time.Second, func(context.Context, uint64) error { return nil })
@@ -1355,6 +1364,9 @@ func TestDoRetryBackoff(t *testing.T) {
 		base, jittered := 100*time.Millisecond, 0
 		for i := 1; i < len(dials); i++ {
 			wait := dials[i].Sub(dials[i-1])
+			if wait != told[i-1] {
+				t.Errorf("wait %d: %v, OnRetry was told %v", i, wait, told[i-1])
+			}
 			if wait < base || wait >= base*3/2 {
 				t.Errorf("wait %d: %v, want [%v, %v)", i, wait, base, base*3/2)
 			}
@@ -1440,6 +1452,170 @@ func TestHeartbeatsGoOnWhileFnStops(t *testing.T) {
 			t.Errorf("Do = %v after %d heartbeats", err, hbs.Load())
 		}
 	})
+}
+
+// Every error the client returns, from each server code, each client error
+// and each way a connection ends: the sentinels it matches (and no other),
+// what errors.As finds, whether DoRetry retries it and after what first
+// wait, and its text, which says each cause once.
+func TestEveryErrorItsMatchesAndItsRetry(t *testing.T) {
+	sentinels := []error{ErrDial, ErrBusy, ErrLockLost, ErrReleased, ErrHeartbeatTimeout, ErrConnectionClosed,
+		ErrProtocolViolation, ErrInvalidInput, context.Canceled, context.DeadlineExceeded}
+	for c := range 256 {
+		if err := Code(c).Err(); err != nil {
+			sentinels = append(sentinels, err)
+		}
+	}
+	answer := func(b ...byte) string { // reads the ACQUIRE, answers b, closes
+		return fakeServer(t, func(c net.Conn) { ReadFrame(c); c.Write(b) })
+	}
+	refused, _ := net.Listen("tcp", "127.0.0.1:0")
+	refused.Close()
+	plain := startServer(t, &Server{})
+	tl, err := tls.Listen("tcp", "127.0.0.1:0", &tls.Config{Certificates: []tls.Certificate{selfSigned(t)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	withTLS := serveOn(t, &Server{}, tl)
+	lazyTLS := dialerFunc(func(ctx context.Context, network, address string) (net.Conn, error) {
+		c, err := (&net.Dialer{}).DialContext(ctx, network, address)
+		if err != nil {
+			return nil, err
+		}
+		return tls.Client(c, &tls.Config{ServerName: "127.0.0.1"}), nil
+	})
+	busy := startServer(t, &Server{})
+	dialRaw(t, busy).send(acquire("x", time.Minute))
+	const once, never = -1, -2 // fn runs once and DoRetry returns; DoRetry returns at once
+	type errCase struct {
+		name  string
+		addr  string
+		dial  Dialer
+		lock  string        // "x" if empty
+		lease time.Duration // a second if 0
+		try   bool          // TryAcquire instead of DoRetry
+		wraps bool          // fn returns its context's cause, wrapped
+		is    []error       // the sentinels it matches, and no other
+		as    func(err error) bool
+		wait  time.Duration // the first wait's base: 0 at once, once or never
+	}
+	cases := []errCase{
+		{name: "refused", addr: refused.Addr().String(), is: []error{ErrDial}, wait: 100 * time.Millisecond,
+			as: func(err error) bool { return errors.Is(err, syscall.ECONNREFUSED) }},
+		{name: "reset before any reply", wait: 100 * time.Millisecond, is: []error{ErrConnectionClosed},
+			addr: fakeServer(t, func(c net.Conn) { ReadFrame(c); c.(*net.TCPConn).SetLinger(0) }),
+			as:   func(err error) bool { return errors.Is(err, syscall.ECONNRESET) }},
+		{name: "closed before any reply", addr: answer(), is: []error{ErrConnectionClosed}, wait: 100 * time.Millisecond,
+			as: func(err error) bool {
+				return errors.Is(err, io.EOF) && strings.Contains(err.Error(), "before any reply")
+			}},
+		{name: "plain client, TLS server", addr: withTLS, is: []error{ErrConnectionClosed}, wait: 100 * time.Millisecond},
+		{name: "silent", lease: 100 * time.Millisecond, is: []error{ErrHeartbeatTimeout}, wait: 100 * time.Millisecond,
+			addr: fakeServer(t, func(c net.Conn) { io.Copy(io.Discard, c) })},
+		{name: "closed after ACQUIRED", addr: answer(TypeAcquired, 0, 0, 0, 0, 0, 0, 0, 1), wait: once,
+			is: []error{ErrLockLost, ErrConnectionClosed}, as: func(err error) bool { return errors.Is(err, io.EOF) }},
+		{name: "closed after ACQUIRED, fn returns the cause", addr: answer(TypeAcquired, 0, 0, 0, 0, 0, 0, 0, 1), wait: once,
+			wraps: true, is: []error{ErrLockLost, ErrConnectionClosed}},
+		{name: "ERROR after ACQUIRED", addr: answer(TypeAcquired, 0, 0, 0, 0, 0, 0, 0, 1, TypeError, 0x02, 0), wait: once,
+			is: []error{ErrLockLost, ErrClosedByAdmin}, as: func(err error) bool { var se *ServerError; return errors.As(err, &se) }},
+		{name: "TLS verification failure", addr: withTLS, dial: &tls.Dialer{}, is: []error{ErrDial}, wait: never,
+			as: func(err error) bool { var ve *tls.CertificateVerificationError; return errors.As(err, &ve) }},
+		{name: "TLS verification failure, lazy handshake", addr: withTLS, dial: lazyTLS, is: []error{ErrConnectionClosed}, wait: never,
+			as: func(err error) bool { var ve *tls.CertificateVerificationError; return errors.As(err, &ve) }},
+		{name: "TLS client, plain server", addr: plain, dial: &tls.Dialer{Config: &tls.Config{InsecureSkipVerify: true}},
+			is: []error{ErrDial}, wait: 100 * time.Millisecond},
+		{name: "protocol violation", addr: answer(0x7f), is: []error{ErrProtocolViolation}, wait: never},
+		{name: "busy", addr: busy, try: true, is: []error{ErrBusy}, wait: never},
+		{name: "empty name", addr: plain, lock: "\x00", is: []error{ErrInvalidInput, ErrEmptyName}, wait: never},
+		{name: "name too long", addr: plain, lock: strings.Repeat("x", 256), is: []error{ErrInvalidInput, ErrNameTooLong}, wait: never},
+		{name: "name not UTF-8", addr: plain, lock: "\xff", is: []error{ErrInvalidInput, ErrInvalidUTF8}, wait: never},
+		{name: "lease not positive", addr: plain, lease: -time.Second, is: []error{ErrInvalidInput, ErrInvalidLease}, wait: never},
+	}
+	for c := Code(0x01); c <= 0x19; c++ {
+		tc := errCase{name: fmt.Sprintf("code 0x%02x", uint8(c)), is: []error{}, wait: 100 * time.Millisecond,
+			as: func(err error) bool {
+				var se *ServerError
+				return errors.As(err, &se) && se.Code == c && se.Temporary() == (c < 0x10)
+			}}
+		if c.Err() != nil {
+			tc.is = append(tc.is, c.Err())
+		}
+		reason := cmp.Or(c.Err(), error(errors.New("a reason from a newer server"))).Error()
+		tc.addr = answer(append([]byte{TypeError, byte(c), byte(len(reason))}, reason...)...)
+		switch {
+		case c == CodeShuttingDown:
+			tc.wait = 0
+		case c >= 0x10:
+			tc.wait = never
+		}
+		cases = append(cases, tc)
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			ctx, cancel := context.WithCancelCause(bounded(t))
+			defer cancel(nil)
+			errStop := errors.New("the test's stop")
+			var retried []error
+			var waits []time.Duration
+			c := New(Config{Address: tc.addr, Dialer: tc.dial, OnRetry: func(attempt int, err error, wait time.Duration) {
+				if attempt != len(retried)+1 {
+					t.Errorf("attempt %d after %d retries", attempt, len(retried))
+				}
+				retried, waits = append(retried, err), append(waits, wait)
+				cancel(errStop)
+			}})
+			lock, lease := cmp.Or(tc.lock, "x"), cmp.Or(tc.lease, time.Second)
+			if lock == "\x00" {
+				lock = ""
+			}
+			runs := 0
+			var err error
+			if tc.try {
+				_, err = c.TryAcquire(ctx, lock, lease)
+			} else {
+				err = c.DoRetry(ctx, lock, lease, func(ctx context.Context, _ uint64) error {
+					runs++
+					clientWait(t, ctx.Done(), wait, "the loss")
+					if tc.wraps {
+						return fmt.Errorf("import stopped: %w", context.Cause(ctx))
+					}
+					return nil
+				})
+			}
+			switch {
+			case tc.wait == once && (runs != 1 || len(retried) != 0):
+				t.Fatalf("fn ran %d times, %d retries; want once and none", runs, len(retried))
+			case tc.wait == never && len(retried) != 0:
+				t.Fatalf("DoRetry retried %v; want it returned at once", retried[0])
+			case tc.wait >= 0 && len(retried) == 0:
+				t.Fatalf("DoRetry returned %v; want it retried", err)
+			case tc.wait >= 0:
+				if !errors.Is(err, errStop) {
+					t.Errorf("DoRetry = %v, want the context's cause", err)
+				}
+				if waits[0] < tc.wait || waits[0] > tc.wait*3/2 || tc.wait > 0 && waits[0] == tc.wait*3/2 {
+					t.Errorf("first wait %v, want [%v, %v)", waits[0], tc.wait, tc.wait*3/2)
+				}
+				err = retried[0]
+			}
+			if tc.wait != once && runs != 0 {
+				t.Errorf("fn ran %d times", runs)
+			}
+			for _, s := range sentinels {
+				if want := slices.Contains(tc.is, s); errors.Is(err, s) != want {
+					t.Errorf("errors.Is(%v, %v) = %v, want %v", err, s, !want, want)
+				}
+			}
+			if tc.as != nil && !tc.as(err) {
+				t.Errorf("%v: errors.As or errors.Is does not find the cause", err)
+			}
+			if msg := err.Error(); strings.Count(msg, "monolock:") > 1 || strings.Contains(msg, "\n") {
+				t.Errorf("%q says something twice", msg)
+			}
+			t.Logf("%v", err)
+		})
+	}
 }
 
 // closingListener closes the first left connections it accepts.
