@@ -135,10 +135,13 @@ func (c *Client) acquire(ctx context.Context, name string, lease time.Duration, 
 		return nil, err
 	}
 	conn, err := c.cfg.Dialer.DialContext(ctx, "tcp", c.cfg.Address)
-	if err != nil && ended(ctx) {
+	switch { // a dial error is the dialer's as it is, with ErrDial
+	case err != nil && ended(ctx):
 		return nil, ctxErr(ctx)
-	} else if err != nil {
-		return nil, dialError(c.cfg.Address, err)
+	case errors.As(err, new(*net.OpError)): // it names the address
+		return nil, &wrapError{"monolock: ", []error{ErrDial, err}}
+	case err != nil:
+		return nil, &wrapError{"monolock: dial " + c.cfg.Address + ": ", []error{ErrDial, err}}
 	}
 	l := &Lock{name: name, lease: lease, conn: conn, r: bufio.NewReaderSize(conn, 64), try: try,
 		done: make(chan struct{})}
@@ -307,7 +310,7 @@ func (l *Lock) ioErr(err error) error {
 	if l.st == connecting { // a TLS mismatch, or a balancer without a backend
 		by += " before any reply"
 	}
-	return fmt.Errorf("%w%s: %w", ErrConnectionClosed, by, err)
+	return &wrapError{"monolock: connection closed" + by + ": ", []error{ErrConnectionClosed, err}}
 }
 
 // judge acts on a frame read at at.
@@ -350,7 +353,7 @@ func (l *Lock) judge(f Frame, at time.Time) error {
 // lock while the cancelled work is still stopping.
 func (l *Lock) end(cause error) {
 	if l.st == holding {
-		cause = &wrapError{"monolock: lock lost: " + strings.TrimPrefix(cause.Error(), "monolock: "), []error{ErrLockLost, cause}}
+		cause = &wrapError{"monolock: lock lost: ", []error{ErrLockLost, cause}}
 	}
 	l.mu.Lock()
 	lost := !l.ended && l.st == holding
@@ -384,20 +387,14 @@ func ctxErr(ctx context.Context) error {
 	return ctx.Err()
 }
 
-// dialError keeps the dialer's error as it is and adds ErrDial.
-func dialError(addr string, err error) error {
-	text := "monolock: dial " + addr + ": " + err.Error()
-	if errors.As(err, new(*net.OpError)) { // it names the address
-		text = "monolock: " + err.Error()
-	}
-	return &wrapError{text, []error{ErrDial, err}}
-}
-
-// wrapError matches a sentinel and a cause, in words of its own.
+// wrapError matches a sentinel and a cause, errs. Its text, made only when
+// read (a claim that Release ended makes one in vain), says the cause once.
 type wrapError struct {
-	text string
-	errs []error
+	prefix string
+	errs   []error
 }
 
-func (e *wrapError) Error() string   { return e.text }
+func (e *wrapError) Error() string {
+	return e.prefix + strings.TrimPrefix(e.errs[1].Error(), "monolock: ")
+}
 func (e *wrapError) Unwrap() []error { return e.errs }
