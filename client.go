@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"cmp"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -13,12 +14,10 @@ import (
 	"strings"
 	"sync"
 	"time"
-	"unicode/utf8"
 )
 
-// Errors of the client. A lost lock matches ErrLockLost and its cause; a
-// server code, *ServerError and the code's sentinel; invalid input,
-// ErrInvalidInput and the code's sentinel; the end of ctx, ctx's error.
+// Errors of the client. A lost lock matches ErrLockLost and its cause, and
+// a server code *ServerError and the code's sentinel.
 var (
 	ErrDial              = errors.New("monolock: dial failed")
 	ErrBusy              = errors.New("monolock: lock is busy")
@@ -38,33 +37,27 @@ type Dialer interface {
 type Config struct {
 	Address string // host:port of the server
 	Dialer  Dialer // nil means a zero net.Dialer
+
+	// OnRetry, if set, is told by DoRetry why each attempt (from 1) failed
+	// and how long it waits: a wrong address is retried, silently without it.
+	OnRetry func(attempt int, err error, wait time.Duration)
 }
 
 // Client acquires locks from one server; it is safe for concurrent use.
-type Client struct {
-	cfg Config
-}
+type Client struct{ cfg Config }
 
 // New returns a client for cfg.
 func New(cfg Config) *Client {
-	if cfg.Dialer == nil {
-		cfg.Dialer = &net.Dialer{}
-	}
+	cfg.Dialer = cmp.Or(cfg.Dialer, Dialer(&net.Dialer{}))
 	return &Client{cfg: cfg}
 }
 
-// Do acquires name, waiting in its queue as long as ctx allows (one
-// attempt: see DoRetry), runs fn, and releases by closing the connection
-// when fn returns or panics (the panic goes on after the release).
-//
-// fn's context is cancelled, with a cause matching ErrLockLost, the moment
+// Do acquires name (one attempt), runs fn, and releases when fn returns or
+// panics. fn's context is cancelled, with a cause matching ErrLockLost, the moment
 // ownership is no longer confirmed: fn must stop touching the resource at
-// once, as the next waiter may get the lock when the lease runs out. Until
-// fn returns the connection stays open but silent, so that a server still
-// hearing the client grants nothing meanwhile. After a loss, Do returns
-// fn's error joined with the cause, even a nil one. Cancelling ctx while
-// fn runs is a graceful stop, not a loss: fn's context is cancelled with
-// ctx's cause, but the lock stays held, with heartbeats, until fn returns.
+// once. Do then returns fn's error joined with the cause, even a nil one.
+// Cancelling ctx while fn runs is a graceful stop, not a loss: fn's
+// context is cancelled, but the lock stays held until fn returns.
 func (c *Client) Do(ctx context.Context, name string, lease time.Duration, fn func(ctx context.Context, token uint64) error) error {
 	l, err := c.Acquire(ctx, name, lease)
 	if err != nil {
@@ -73,37 +66,39 @@ func (c *Client) Do(ctx context.Context, name string, lease time.Duration, fn fu
 	return l.run(ctx, fn)
 }
 
-// DoRetry is Do that retries a dial failure, a connection lost or silent
-// while queued, and server conditions (codes below 0x10), at once after
-// ERROR 0x01 (another server may already listen), else after a wait from
-// [base, 1.5×base), base 100ms doubling to 5s, so that a crowd of clients
-// does not retry in step. Client errors (codes from 0x10), invalid input
-// and the end of ctx return at once. fn runs at most once.
+// DoRetry is Do that retries a failed dial, a connection closed or silent
+// before the grant (a balancer without a backend closes before any reply)
+// and codes below 0x10: at once after 0x01 (another server may listen),
+// else after [base, 1.5×base), base 100ms doubling to 5s (the jitter keeps
+// clients out of step). Invalid input, codes from 0x10, a protocol
+// violation, a certificate that does not verify and the end of ctx return
+// at once. fn runs at most once.
 func (c *Client) DoRetry(ctx context.Context, name string, lease time.Duration, fn func(ctx context.Context, token uint64) error) error {
 	backoff := 100 * time.Millisecond
-	for again := false; ; {
+	for attempt, again := 1, false; ; attempt++ {
 		l, err := c.Acquire(ctx, name, lease)
 		if err == nil {
 			return l.run(ctx, fn)
 		}
 		var se *ServerError
-		isServerErr := errors.As(err, &se)
-		switch {
+		wait := backoff + rand.N(backoff/2)
+		switch isServerErr := errors.As(err, &se); {
+		case errors.As(err, new(*tls.CertificateVerificationError)), ctx.Err() != nil:
+			return err
 		case isServerErr && se.Code == CodeShuttingDown && !again:
-			again = true // at once, but only once in a row: a server may say it forever
-			continue
-		case isServerErr && se.Temporary(), errors.Is(err, ErrDial), errors.Is(err, ErrHeartbeatTimeout),
-			errors.Is(err, ErrConnectionClosed) && !errors.Is(err, errNoReply):
+			wait = 0 // at once, but only once in a row: a server may say it forever
+		case isServerErr && se.Temporary(), errors.Is(err, ErrDial), errors.Is(err, ErrHeartbeatTimeout), errors.Is(err, ErrConnectionClosed):
+			backoff = min(2*backoff, 5*time.Second)
 		default:
 			return err
 		}
-		again = false
-		t := time.NewTimer(backoff + rand.N(backoff/2))
-		backoff = min(2*backoff, 5*time.Second)
+		again = wait == 0
+		if c.cfg.OnRetry != nil {
+			c.cfg.OnRetry(attempt, err, wait)
+		}
 		select {
-		case <-t.C:
+		case <-time.After(wait):
 		case <-ctx.Done():
-			t.Stop()
 			return ctxErr(ctx)
 		}
 	}
@@ -115,7 +110,7 @@ func (l *Lock) run(ctx context.Context, fn func(ctx context.Context, token uint6
 	stop := context.AfterFunc(ctx, func() { l.cancel(context.Cause(ctx)) })
 	defer func() {
 		stop()
-		if lost := l.Release(); lost != nil {
+		if lost := l.Release(); lost != nil && !errors.Is(err, lost) { // fn may return the cause
 			err = errors.Join(err, lost)
 		}
 	}()
@@ -123,9 +118,8 @@ func (l *Lock) run(ctx context.Context, fn func(ctx context.Context, token uint6
 }
 
 // Acquire waits in name's queue as long as ctx allows and returns the lock,
-// held with heartbeats until Release or a loss; ctx no longer matters. After
-// a loss, call Release once the guarded work has stopped: until then, or one
-// more lease, the silent connection keeps the lock from anyone else.
+// held until Release or a loss. After a loss, call Release once the work
+// has stopped: until then, a lease at most, the lock goes to no one else.
 func (c *Client) Acquire(ctx context.Context, name string, lease time.Duration) (*Lock, error) {
 	return c.acquire(ctx, name, lease, false)
 }
@@ -141,29 +135,38 @@ func (c *Client) acquire(ctx context.Context, name string, lease time.Duration, 
 		return nil, err
 	}
 	conn, err := c.cfg.Dialer.DialContext(ctx, "tcp", c.cfg.Address)
-	if err != nil {
-		if ctx.Err() != nil {
-			return nil, ctxErr(ctx)
-		}
-		return nil, &dialError{err}
+	switch { // a dial error is the dialer's as it is, with ErrDial
+	case err != nil && ended(ctx):
+		return nil, ctxErr(ctx)
+	case errors.As(err, new(*net.OpError)): // it names the address
+		return nil, &wrapError{"monolock: ", []error{ErrDial, err}}
+	case err != nil:
+		return nil, &wrapError{"monolock: dial " + c.cfg.Address + ": ", []error{ErrDial, err}}
 	}
 	l := &Lock{name: name, lease: lease, conn: conn, r: bufio.NewReaderSize(conn, 64), try: try,
 		done: make(chan struct{})}
 	l.ctx, l.cancel = context.WithCancelCause(context.WithoutCancel(ctx))
 	stop := context.AfterFunc(ctx, func() { l.Release() }) // ends any read or write of the claim at once
-	held := l.claim(true)
-	switch {
-	case !stop():
-		if held { // no goroutine of its own yet
-			l.Release()
-			close(l.done)
-		}
-		return nil, ctxErr(ctx)
-	case !held:
+	switch held, stopped := l.claim(true), stop(); {
+	case held && stopped:
+		go l.claim(false)
+		return l, nil
+	case held: // no goroutine of its own yet
+		l.Release()
+		close(l.done)
+	case stopped && !ended(ctx):
 		return nil, l.err
 	}
-	go l.claim(false)
-	return l, nil
+	return nil, ctxErr(ctx)
+}
+
+// ended reports whether ctx has ended, waiting at its deadline for the end
+// a moment later: a dialer may return its own error in between.
+func ended(ctx context.Context) bool {
+	if d, ok := ctx.Deadline(); ok && !time.Now().Before(d) {
+		<-ctx.Done()
+	}
+	return ctx.Err() != nil
 }
 
 // Lock is a held lock, heartbeated by its goroutine until Release or a loss.
@@ -184,12 +187,11 @@ type Lock struct {
 	cancel context.CancelCauseFunc
 
 	// The claim, owned by the goroutine that runs claim.
-	st        state
+	st        int
 	inflight  bool          // a request awaits its answer
 	lastSend  time.Time     // of the request in flight, or of the last one
 	confirmed time.Time     // send time of the last confirmed request
 	srtt      time.Duration // smoothed round trip
-	rdl       time.Time     // the read deadline set
 }
 
 // Name returns the lock's name.
@@ -198,59 +200,45 @@ func (l *Lock) Name() string { return l.name }
 // Token returns the grant's fencing token, for the guarded resource.
 func (l *Lock) Token() uint64 { return l.token }
 
-// Context returns a context cancelled the moment ownership is no longer
-// confirmed, or at Release; context.Cause tells which.
+// Context is cancelled when ownership is no longer confirmed, or at Release.
 func (l *Lock) Context() context.Context { return l.ctx }
 
 // Done is closed the moment ownership is no longer confirmed, or at Release.
 func (l *Lock) Done() <-chan struct{} { return l.ctx.Done() }
 
-// Err returns nil while the lock is held; after a loss the cause, matching
-// ErrLockLost and ErrHeartbeatTimeout, ErrConnectionClosed,
-// ErrProtocolViolation or a *ServerError; after Release, ErrReleased.
+// Err returns nil while the lock is held, the cause of a loss (ErrLockLost
+// and its cause), or ErrReleased.
 func (l *Lock) Err() error { return context.Cause(l.ctx) }
 
-// Release closes the connection, and returns the cause of a loss before
-// it, or nil. It may be called again, from any goroutine, and waits for
-// nothing: the close ends the claim's I/O and goroutine at once.
+// Release closes the connection and returns the cause of a loss before it,
+// or nil. It may be called again, from any goroutine, and waits for nothing.
 func (l *Lock) Release() error {
 	l.mu.Lock()
-	if !l.ended {
-		l.ended = true
-		l.cancel(ErrReleased)
-	}
+	l.ended = true
+	l.cancel(ErrReleased) // unless a loss or a graceful stop gave the cause
 	err := l.err
 	l.mu.Unlock()
 	l.conn.Close()
 	return err
 }
 
-type state int
-
 const (
-	connecting state = iota // ACQUIRE sent, no answer yet
-	queued                  // WAITING received
-	holding                 // ACQUIRED received
+	connecting = iota // ACQUIRE sent, no answer yet
+	queued            // WAITING received
+	holding           // ACQUIRED received
 )
 
 // claim sends the ACQUIRE (untilGrant) and heartbeats, and judges the
 // answers. With untilGrant it returns true at the grant; otherwise, and on
-// any end before it, it ends the lock and returns false.
-//
-// The specification's rules: the answer to a request (ACQUIRE, HEARTBEAT)
-// confirms the claim from that request's send time; the claim is abandoned
-// at 0.8 of the lease after the last confirmed send, before the server,
-// counting a full lease from a later arrival, can drop it. A frame read at
-// or after that deadline confirms nothing. One request is in flight at a
-// time, so answers pair with requests without ids. The push moves a
-// queued claim to held and confirms nothing. Every read and write, a lazy
-// TLS handshake in the first write included, ends by the claim's deadline.
+// any end before it, it ends the lock and returns false. The claim is
+// abandoned 0.8 of the lease after the last confirmed send, before the
+// server, counting a full lease from a later arrival, can drop it. One
+// request is in flight at a time, so answers pair with requests.
 func (l *Lock) claim(untilGrant bool) bool {
 	timeout := l.lease / 5 * 4
 	var err error
 	if untilGrant {
 		l.confirmed = time.Now() // the ACQUIRE's answer is due within the timeout
-		l.readBy(l.confirmed.Add(timeout))
 		b, _ := Frame{Type: TypeAcquire, LeaseMS: uint32(l.lease / time.Millisecond), Name: l.name}.AppendBinary(nil)
 		err = l.send(b, l.confirmed.Add(timeout))
 	}
@@ -260,7 +248,7 @@ func (l *Lock) claim(untilGrant bool) bool {
 		if next := l.lastSend.Add(heartbeatInterval(l.lease, l.srtt)); !l.inflight && next.Before(wake) {
 			wake = next
 		}
-		l.readBy(wake)
+		l.conn.SetReadDeadline(wake)
 		f, rerr := l.read(deadline)
 		now := time.Now()
 		switch {
@@ -268,36 +256,23 @@ func (l *Lock) claim(untilGrant bool) bool {
 			err = ErrHeartbeatTimeout // whatever was read: it arrived too late to confirm
 		case rerr == nil:
 			err = l.judge(f, now)
-		case !os.IsTimeout(rerr):
+		case rerr != ErrHeartbeatTimeout:
 			err = rerr
 		case !l.inflight && !now.Before(wake):
 			err = l.send([]byte{TypeHeartbeat}, deadline)
 		}
 	}
-	if err == nil {
-		return true
+	if err != nil {
+		l.end(err)
 	}
-	l.end(err)
-	return false
-}
-
-// readBy sets the read deadline, when it changes.
-func (l *Lock) readBy(t time.Time) {
-	if !t.Equal(l.rdl) {
-		l.rdl = t
-		l.conn.SetReadDeadline(t)
-	}
+	return err == nil
 }
 
 func (l *Lock) send(b []byte, deadline time.Time) error {
 	l.lastSend, l.inflight = time.Now(), true
-	l.conn.SetWriteDeadline(deadline)
-	if _, err := l.conn.Write(b); os.IsTimeout(err) { // the write deadline is the claim's
-		return ErrHeartbeatTimeout
-	} else if err != nil {
-		return &closedError{"", err, false}
-	}
-	return nil
+	l.conn.SetDeadline(deadline) // a lazy TLS handshake in Write reads too
+	_, err := l.conn.Write(b)
+	return l.ioErr(err)
 }
 
 // read reads a frame: its first byte by the deadline set, the rest by deadline.
@@ -312,23 +287,30 @@ func (l *Lock) read(deadline time.Time) (Frame, error) {
 		return Frame{}, violation("unsolicited frame 0x%02x", typ[0]) // likewise
 
 	case err == nil:
-		l.readBy(deadline)
-		var f Frame
-		if f, err = ReadFrame(l.r); err == nil {
-			return f, nil
-		}
+		l.conn.SetReadDeadline(deadline)
+		f, err := ReadFrame(l.r)
+		return f, l.ioErr(err)
 	}
-	if os.IsTimeout(err) {
-		return Frame{}, err
+	return Frame{}, l.ioErr(err)
+}
+
+// ioErr is a read or write error as the claim sees it: a timeout (the
+// deadlines are the claim's), or the connection closed, and its cause.
+func (l *Lock) ioErr(err error) error {
+	switch {
+	case err == nil:
+		return nil
+	case os.IsTimeout(err):
+		return ErrHeartbeatTimeout
 	}
 	by := ""
 	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
 		by = " by the server"
 	}
-	if l.st == connecting { // what a TLS mismatch looks like from here
-		return Frame{}, &closedError{by + " before any reply", err, true}
+	if l.st == connecting { // a TLS mismatch, or a balancer without a backend
+		by += " before any reply"
 	}
-	return Frame{}, &closedError{by, err, false}
+	return &wrapError{"monolock: connection closed" + by + ": ", []error{ErrConnectionClosed, err}}
 }
 
 // judge acts on a frame read at at.
@@ -337,7 +319,7 @@ func (l *Lock) judge(f Frame, at time.Time) error {
 	case f.Type == TypeAcquired && f.Token == 0:
 		return violation("token 0") // fencing takes 0 for no token
 	case f.Type == TypeError:
-		return &ServerError{Code: f.Code, Reason: strings.ToValidUTF8(f.Reason, string(utf8.RuneError))}
+		return &ServerError{Code: f.Code, Reason: strings.ToValidUTF8(f.Reason, "\uFFFD")}
 	case f.Type == TypeAcquired && l.st == queued:
 		l.st, l.token = holding, f.Token // the push: a request in flight stays in flight
 		return nil
@@ -350,11 +332,9 @@ func (l *Lock) judge(f Frame, at time.Time) error {
 	}
 	// The answer to the request in flight.
 	l.inflight, l.confirmed = false, l.lastSend
-	if rtt := at.Sub(l.lastSend); l.srtt == 0 {
-		l.srtt = rtt
-	} else {
-		l.srtt += (rtt - l.srtt) / 5 // EWMA, alpha 0.2
-	}
+	rtt := at.Sub(l.lastSend)
+	l.srtt = cmp.Or(l.srtt, rtt) // the first round trip starts the EWMA, alpha 0.2
+	l.srtt += (rtt - l.srtt) / 5
 	switch {
 	case l.st != connecting:
 	case f.Type == TypeAcquired:
@@ -367,14 +347,13 @@ func (l *Lock) judge(f Frame, at time.Time) error {
 	return nil
 }
 
-// end ends the claim with cause, unless Release came first and caused it.
-// After a held lock's loss the connection stays open but silent until
-// Release, the server's close or a lease: closing now would let the server
-// grant the lock at once while the cancelled work is still stopping; a
-// lease after the last heartbeat it read, the server has dropped it.
+// end ends the claim with cause, unless Release came first. After a held
+// lock's loss the connection stays open but silent until Release, the
+// server's close or a lease: closing now would let the server grant the
+// lock while the cancelled work is still stopping.
 func (l *Lock) end(cause error) {
 	if l.st == holding {
-		cause = &lostError{cause}
+		cause = &wrapError{"monolock: lock lost: ", []error{ErrLockLost, cause}}
 	}
 	l.mu.Lock()
 	lost := !l.ended && l.st == holding
@@ -391,12 +370,9 @@ func (l *Lock) end(cause error) {
 	close(l.done)
 }
 
-// heartbeatInterval is the specification's: a quarter of the lease less two
-// smoothed round trips, never below 100ms or a quarter lease, the lesser.
+// heartbeatInterval is the specification's.
 func heartbeatInterval(lease, srtt time.Duration) time.Duration {
-	base := lease / 4
-	floor := min(100*time.Millisecond, base)
-	return max(floor, base-2*srtt)
+	return max(min(100*time.Millisecond, lease/4), lease/4-2*srtt)
 }
 
 func violation(format string, args ...any) error {
@@ -405,43 +381,20 @@ func violation(format string, args ...any) error {
 
 // ctxErr is ctx's error, with its cause when the cause says more.
 func ctxErr(ctx context.Context) error {
-	err, cause := ctx.Err(), context.Cause(ctx)
-	if cause != nil && cause != err {
+	if err, cause := ctx.Err(), context.Cause(ctx); cause != err {
 		return fmt.Errorf("%w: %w", err, cause)
 	}
-	return err
+	return ctx.Err()
 }
 
-// dialError keeps the dialer's error as it is and adds ErrDial.
-type dialError struct{ err error }
-
-func (e *dialError) Error() string        { return e.err.Error() }
-func (e *dialError) Unwrap() error        { return e.err }
-func (e *dialError) Is(target error) bool { return target == ErrDial }
-
-// errNoReply marks a connection that the server closed before any reply:
-// the same bytes would meet the same end, so DoRetry does not retry it.
-var errNoReply = errors.New("monolock: closed before any reply")
-
-// closedError is ErrConnectionClosed and its cause, worded only when read.
-type closedError struct {
-	by      string
-	err     error
-	noReply bool
+// wrapError matches a sentinel and a cause, errs. Its text, made only when
+// read (a claim that Release ended makes one in vain), says the cause once.
+type wrapError struct {
+	prefix string
+	errs   []error
 }
 
-func (e *closedError) Is(target error) bool { return e.noReply && target == errNoReply }
-
-func (e *closedError) Error() string {
-	return ErrConnectionClosed.Error() + e.by + ": " + e.err.Error()
+func (e *wrapError) Error() string {
+	return e.prefix + strings.TrimPrefix(e.errs[1].Error(), "monolock: ")
 }
-func (e *closedError) Unwrap() []error { return []error{ErrConnectionClosed, e.err} }
-
-// lostError is the end of a held lock: ErrLockLost and its cause.
-type lostError struct{ cause error }
-
-func (e *lostError) Error() string {
-	return "monolock: lock lost: " + strings.TrimPrefix(e.cause.Error(), "monolock: ")
-}
-func (e *lostError) Unwrap() error        { return e.cause }
-func (e *lostError) Is(target error) bool { return target == ErrLockLost }
+func (e *wrapError) Unwrap() []error { return e.errs }

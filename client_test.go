@@ -1,16 +1,20 @@
 package monolock
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -745,6 +749,55 @@ func TestDoRetry(t *testing.T) {
 			t.Fatalf("DoRetry = %v after %d runs", err, runs)
 		}
 	})
+	t.Run("a listener that closes its first connections, then serves", func(t *testing.T) {
+		// What a balancer in front of a dead or starting backend looks like.
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		cl := &closingListener{Listener: l}
+		cl.left.Store(3)
+		addr := serveOn(t, &Server{}, cl)
+		runs := 0
+		err = New(Config{Address: addr}).DoRetry(bounded(t), "r", time.Second,
+			func(context.Context, uint64) error { runs++; return nil })
+		if err != nil || runs != 1 || cl.left.Load() >= 0 {
+			t.Fatalf("DoRetry = %v after %d runs, %d closes left", err, runs, max(cl.left.Load(), 0))
+		}
+	})
+	t.Run("a server killed while queued and restarted", func(t *testing.T) {
+		srv := &Server{}
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		addr := l.Addr().String()
+		go srv.Serve(l)
+		holder := dialRaw(t, addr)
+		holder.send(acquire("r", time.Minute))
+		holder.expectAcquired()
+		done := make(chan error, 1)
+		var runs atomic.Int32
+		go func() {
+			done <- New(Config{Address: addr}).DoRetry(bounded(t), "r", time.Second,
+				func(context.Context, uint64) error { runs.Add(1); return nil })
+		}()
+		waitFor(t, "the client to queue", func() bool {
+			l, ok := srv.Lock("r")
+			return ok && len(l.Waiters) == 1
+		})
+		srv.Close()                        // every connection cut, no ERROR
+		time.Sleep(300 * time.Millisecond) // refused meanwhile
+		var l2 net.Listener
+		waitFor(t, "the address to be free", func() bool {
+			l2, err = net.Listen("tcp", addr)
+			return err == nil
+		})
+		serveOn(t, &Server{}, l2)
+		if err := clientWait(t, done, 2*wait, "DoRetry to return"); err != nil || runs.Load() != 1 {
+			t.Fatalf("DoRetry = %v after %d runs", err, runs.Load())
+		}
+	})
 	t.Run("shutdown while queued, then a new server", func(t *testing.T) {
 		srv := &Server{}
 		l, err := net.Listen("tcp", "127.0.0.1:0")
@@ -1034,21 +1087,6 @@ func TestRefusedLeaseMatchesErrInvalidLease(t *testing.T) {
 	}
 }
 
-// A server that closes every connection before any reply (what a TLS
-// mismatch or a misaddressed port looks like): DoRetry should not treat
-// this as "connection lost while queued" and retry until ctx ends.
-func TestDoRetryDoesNotRetryClosedBeforeAnyReply(t *testing.T) {
-	var dials atomic.Int32
-	addr := fakeServer(t, func(c net.Conn) { dials.Add(1); ReadFrame(c) })
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	defer cancel()
-	err := New(Config{Address: addr}).DoRetry(ctx, "x", time.Second, func(context.Context, uint64) error { return nil })
-	t.Logf("DoRetry = %v after %d connections", err, dials.Load())
-	if dials.Load() > 1 {
-		t.Errorf("DoRetry made %d connections to a server that closes before any reply; returned %v", dials.Load(), err)
-	}
-}
-
 // Holding, no heartbeat in flight: the server sends the first byte of an
 // unsolicited ACQUIRED and then nothing. The frame is a violation the
 // moment its type byte arrives: the client must not wait for the rest
@@ -1302,14 +1340,21 @@ func TestReleaseDoesNotWaitForTheWrite(t *testing.T) {
 }
 
 // DoRetry waits 100ms, then twice as long each time up to 5s, each wait
-// drawn from [base, 1.5×base).
+// drawn from [base, 1.5×base), and tells OnRetry each attempt and wait.
 func TestDoRetryBackoff(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var dials []time.Time
+		var told []time.Duration
+		errRefused := errors.New("refused")
 		c := New(Config{Address: "nowhere", Dialer: dialerFunc(func(context.Context, string, string) (net.Conn, error) {
 			dials = append(dials, time.Now())
-			return nil, errors.New("refused")
-		})})
+			return nil, errRefused
+		}), OnRetry: func(attempt int, err error, wait time.Duration) {
+			if attempt != len(dials) || !errors.Is(err, errRefused) {
+				t.Errorf("OnRetry(%d, %v) after %d dials", attempt, err, len(dials))
+			}
+			told = append(told, wait)
+		}})
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
 		err := c.DoRetry(ctx, "r", time.Second, func(context.Context, uint64) error { return nil })
@@ -1319,6 +1364,9 @@ func TestDoRetryBackoff(t *testing.T) {
 		base, jittered := 100*time.Millisecond, 0
 		for i := 1; i < len(dials); i++ {
 			wait := dials[i].Sub(dials[i-1])
+			if wait != told[i-1] {
+				t.Errorf("wait %d: %v, OnRetry was told %v", i, wait, told[i-1])
+			}
 			if wait < base || wait >= base*3/2 {
 				t.Errorf("wait %d: %v, want [%v, %v)", i, wait, base, base*3/2)
 			}
@@ -1405,3 +1453,306 @@ func TestHeartbeatsGoOnWhileFnStops(t *testing.T) {
 		}
 	})
 }
+
+// Every error the client returns, from each server code, each client error
+// and each way a connection ends: the sentinels it matches (and no other),
+// what errors.As finds, whether DoRetry retries it and after what first
+// wait, and its text, which says each cause once.
+func TestEveryErrorItsMatchesAndItsRetry(t *testing.T) {
+	sentinels := []error{ErrDial, ErrBusy, ErrLockLost, ErrReleased, ErrHeartbeatTimeout, ErrConnectionClosed,
+		ErrProtocolViolation, ErrInvalidInput, context.Canceled, context.DeadlineExceeded}
+	for c := range 256 {
+		if err := Code(c).Err(); err != nil {
+			sentinels = append(sentinels, err)
+		}
+	}
+	answer := func(b ...byte) string { // reads the ACQUIRE, answers b, closes
+		return fakeServer(t, func(c net.Conn) { ReadFrame(c); c.Write(b) })
+	}
+	refused, _ := net.Listen("tcp", "127.0.0.1:0")
+	refused.Close()
+	plain := startServer(t, &Server{})
+	tl, err := tls.Listen("tcp", "127.0.0.1:0", &tls.Config{Certificates: []tls.Certificate{selfSigned(t)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	withTLS := serveOn(t, &Server{}, tl)
+	lazyTLS := dialerFunc(func(ctx context.Context, network, address string) (net.Conn, error) {
+		c, err := (&net.Dialer{}).DialContext(ctx, network, address)
+		if err != nil {
+			return nil, err
+		}
+		return tls.Client(c, &tls.Config{ServerName: "127.0.0.1"}), nil
+	})
+	busy := startServer(t, &Server{})
+	dialRaw(t, busy).send(acquire("x", time.Minute))
+	const once, never = -1, -2 // fn runs once and DoRetry returns; DoRetry returns at once
+	type errCase struct {
+		name  string
+		addr  string
+		dial  Dialer
+		lock  string        // "x" if empty
+		lease time.Duration // a second if 0
+		try   bool          // TryAcquire instead of DoRetry
+		wraps bool          // fn returns its context's cause, wrapped
+		is    []error       // the sentinels it matches, and no other
+		as    func(err error) bool
+		wait  time.Duration // the first wait's base: 0 at once, once or never
+	}
+	cases := []errCase{
+		{name: "refused", addr: refused.Addr().String(), is: []error{ErrDial}, wait: 100 * time.Millisecond,
+			as: func(err error) bool { return errors.Is(err, syscall.ECONNREFUSED) }},
+		{name: "reset before any reply", wait: 100 * time.Millisecond, is: []error{ErrConnectionClosed},
+			addr: fakeServer(t, func(c net.Conn) { ReadFrame(c); c.(*net.TCPConn).SetLinger(0) }),
+			as:   func(err error) bool { return errors.Is(err, syscall.ECONNRESET) }},
+		{name: "closed before any reply", addr: answer(), is: []error{ErrConnectionClosed}, wait: 100 * time.Millisecond,
+			as: func(err error) bool {
+				return errors.Is(err, io.EOF) && strings.Contains(err.Error(), "before any reply")
+			}},
+		{name: "plain client, TLS server", addr: withTLS, is: []error{ErrConnectionClosed}, wait: 100 * time.Millisecond},
+		{name: "silent", lease: 100 * time.Millisecond, is: []error{ErrHeartbeatTimeout}, wait: 100 * time.Millisecond,
+			addr: fakeServer(t, func(c net.Conn) { io.Copy(io.Discard, c) })},
+		{name: "closed after ACQUIRED", addr: answer(TypeAcquired, 0, 0, 0, 0, 0, 0, 0, 1), wait: once,
+			is: []error{ErrLockLost, ErrConnectionClosed}, as: func(err error) bool { return errors.Is(err, io.EOF) }},
+		{name: "closed after ACQUIRED, fn returns the cause", addr: answer(TypeAcquired, 0, 0, 0, 0, 0, 0, 0, 1), wait: once,
+			wraps: true, is: []error{ErrLockLost, ErrConnectionClosed}},
+		{name: "ERROR after ACQUIRED", addr: answer(TypeAcquired, 0, 0, 0, 0, 0, 0, 0, 1, TypeError, 0x02, 0), wait: once,
+			is: []error{ErrLockLost, ErrClosedByAdmin}, as: func(err error) bool { var se *ServerError; return errors.As(err, &se) }},
+		{name: "TLS verification failure", addr: withTLS, dial: &tls.Dialer{}, is: []error{ErrDial}, wait: never,
+			as: func(err error) bool { var ve *tls.CertificateVerificationError; return errors.As(err, &ve) }},
+		{name: "TLS verification failure, lazy handshake", addr: withTLS, dial: lazyTLS, is: []error{ErrConnectionClosed}, wait: never,
+			as: func(err error) bool { var ve *tls.CertificateVerificationError; return errors.As(err, &ve) }},
+		{name: "TLS client, plain server", addr: plain, dial: &tls.Dialer{Config: &tls.Config{InsecureSkipVerify: true}},
+			is: []error{ErrDial}, wait: 100 * time.Millisecond},
+		{name: "protocol violation", addr: answer(0x7f), is: []error{ErrProtocolViolation}, wait: never},
+		{name: "busy", addr: busy, try: true, is: []error{ErrBusy}, wait: never},
+		{name: "empty name", addr: plain, lock: "\x00", is: []error{ErrInvalidInput, ErrEmptyName}, wait: never},
+		{name: "name too long", addr: plain, lock: strings.Repeat("x", 256), is: []error{ErrInvalidInput, ErrNameTooLong}, wait: never},
+		{name: "name not UTF-8", addr: plain, lock: "\xff", is: []error{ErrInvalidInput, ErrInvalidUTF8}, wait: never},
+		{name: "lease not positive", addr: plain, lease: -time.Second, is: []error{ErrInvalidInput, ErrInvalidLease}, wait: never},
+	}
+	for c := Code(0x01); c <= 0x19; c++ {
+		tc := errCase{name: fmt.Sprintf("code 0x%02x", uint8(c)), is: []error{}, wait: 100 * time.Millisecond,
+			as: func(err error) bool {
+				var se *ServerError
+				return errors.As(err, &se) && se.Code == c && se.Temporary() == (c < 0x10)
+			}}
+		if c.Err() != nil {
+			tc.is = append(tc.is, c.Err())
+		}
+		reason := cmp.Or(c.Err(), error(errors.New("a reason from a newer server"))).Error()
+		tc.addr = answer(append([]byte{TypeError, byte(c), byte(len(reason))}, reason...)...)
+		switch {
+		case c == CodeShuttingDown:
+			tc.wait = 0
+		case c >= 0x10:
+			tc.wait = never
+		}
+		cases = append(cases, tc)
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			ctx, cancel := context.WithCancelCause(bounded(t))
+			defer cancel(nil)
+			errStop := errors.New("the test's stop")
+			var retried []error
+			var waits []time.Duration
+			c := New(Config{Address: tc.addr, Dialer: tc.dial, OnRetry: func(attempt int, err error, wait time.Duration) {
+				if attempt != len(retried)+1 {
+					t.Errorf("attempt %d after %d retries", attempt, len(retried))
+				}
+				retried, waits = append(retried, err), append(waits, wait)
+				cancel(errStop)
+			}})
+			lock, lease := cmp.Or(tc.lock, "x"), cmp.Or(tc.lease, time.Second)
+			if lock == "\x00" {
+				lock = ""
+			}
+			runs := 0
+			var err error
+			if tc.try {
+				_, err = c.TryAcquire(ctx, lock, lease)
+			} else {
+				err = c.DoRetry(ctx, lock, lease, func(ctx context.Context, _ uint64) error {
+					runs++
+					clientWait(t, ctx.Done(), wait, "the loss")
+					if tc.wraps {
+						return fmt.Errorf("import stopped: %w", context.Cause(ctx))
+					}
+					return nil
+				})
+			}
+			switch {
+			case tc.wait == once && (runs != 1 || len(retried) != 0):
+				t.Fatalf("fn ran %d times, %d retries; want once and none", runs, len(retried))
+			case tc.wait == never && len(retried) != 0:
+				t.Fatalf("DoRetry retried %v; want it returned at once", retried[0])
+			case tc.wait >= 0 && len(retried) == 0:
+				t.Fatalf("DoRetry returned %v; want it retried", err)
+			case tc.wait >= 0:
+				if !errors.Is(err, errStop) {
+					t.Errorf("DoRetry = %v, want the context's cause", err)
+				}
+				if waits[0] < tc.wait || waits[0] > tc.wait*3/2 || tc.wait > 0 && waits[0] == tc.wait*3/2 {
+					t.Errorf("first wait %v, want [%v, %v)", waits[0], tc.wait, tc.wait*3/2)
+				}
+				err = retried[0]
+			}
+			if tc.wait != once && runs != 0 {
+				t.Errorf("fn ran %d times", runs)
+			}
+			for _, s := range sentinels {
+				if want := slices.Contains(tc.is, s); errors.Is(err, s) != want {
+					t.Errorf("errors.Is(%v, %v) = %v, want %v", err, s, !want, want)
+				}
+			}
+			if tc.as != nil && !tc.as(err) {
+				t.Errorf("%v: errors.As or errors.Is does not find the cause", err)
+			}
+			if msg := err.Error(); strings.Count(msg, "monolock:") > 1 || strings.Contains(msg, "\n") {
+				t.Errorf("%q says something twice", msg)
+			}
+			t.Logf("%v", err)
+		})
+	}
+}
+
+// closingListener closes the first left connections it accepts.
+type closingListener struct {
+	net.Listener
+	left atomic.Int32
+}
+
+func (l *closingListener) Accept() (net.Conn, error) {
+	for {
+		c, err := l.Listener.Accept()
+		if err != nil || l.left.Add(-1) < 0 {
+			return c, err
+		}
+		c.Close()
+	}
+}
+
+// The end of ctx at any point of a claim returns ctx's error with its
+// cause, whatever the dialer or the connection said meanwhile. A context
+// with a deadline passes it a moment before its timer ends it: a dialer
+// that stops at the deadline returns its own error in between, which
+// happened in 8 runs of 10,000. lateContext widens that moment to 50ms.
+func TestContextEndAtEveryPointOfAClaim(t *testing.T) {
+	errCause := errors.New("the caller's cause")
+	addr := startServer(t, &Server{})
+	holder := dialRaw(t, addr)
+	holder.send(acquire("held", time.Minute))
+	holder.expectAcquired()
+	silent := fakeServer(t, func(c net.Conn) { io.Copy(io.Discard, c) }) // never answers a handshake
+	untilDone := dialerFunc(func(ctx context.Context, _, _ string) (net.Conn, error) {
+		<-ctx.Done()
+		return nil, errors.New("the dialer's own error")
+	})
+	atDeadline := dialerFunc(func(ctx context.Context, network, address string) (net.Conn, error) {
+		d, _ := ctx.Deadline()
+		time.Sleep(time.Until(d))
+		return (&net.Dialer{}).DialContext(ctx, network, address) // "i/o timeout", before ctx ends
+	})
+	closesAtDeadline := dialerFunc(func(ctx context.Context, network, address string) (net.Conn, error) {
+		c, err := (&net.Dialer{}).DialContext(ctx, network, address)
+		if d, ok := ctx.Deadline(); ok && err == nil {
+			time.AfterFunc(time.Until(d), func() { c.Close() }) // a connection bound to ctx's deadline
+		}
+		return c, err
+	})
+	insecure := &tls.Config{InsecureSkipVerify: true}
+	lazyTLS := dialerFunc(func(ctx context.Context, network, address string) (net.Conn, error) {
+		c, err := (&net.Dialer{}).DialContext(ctx, network, address)
+		if err != nil {
+			return nil, err
+		}
+		return tls.Client(c, insecure), nil
+	})
+	for _, tc := range []struct {
+		name string
+		addr string
+		dial Dialer
+		lock string
+		end  time.Duration // after the call; negative: before it
+		late bool          // the deadline passes 50ms before the context ends
+	}{
+		{name: "before the dial", addr: addr, end: -1},
+		{name: "before the dial, its deadline passed", addr: addr, end: -time.Millisecond, late: true},
+		{name: "during the dial", addr: addr, dial: untilDone, end: 50 * time.Millisecond},
+		{name: "during the dial, at its deadline", addr: addr, dial: atDeadline, end: 50 * time.Millisecond, late: true},
+		{name: "during the TLS handshake", addr: silent, dial: &tls.Dialer{Config: insecure}, end: 50 * time.Millisecond},
+		{name: "during a lazy TLS handshake", addr: silent, dial: lazyTLS, end: 50 * time.Millisecond},
+		{name: "while queued", addr: addr, lock: "held", end: 50 * time.Millisecond},
+		{name: "while queued, at its deadline", addr: addr, lock: "held", end: 50 * time.Millisecond, late: true},
+		{name: "while queued, closed at its deadline", addr: addr, dial: closesAtDeadline, lock: "held", end: 50 * time.Millisecond, late: true},
+		{name: "after the grant", addr: addr, end: 50 * time.Millisecond},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			var ctx context.Context
+			var cancel context.CancelFunc
+			if tc.late {
+				ctx, cancel = context.WithTimeoutCause(context.Background(), tc.end+50*time.Millisecond, errCause)
+				ctx = lateContext{ctx, time.Now().Add(tc.end)}
+			} else {
+				ctx, cancel = context.WithTimeoutCause(context.Background(), max(tc.end, 0), errCause)
+			}
+			defer cancel()
+			ran := false
+			done := make(chan error, 1)
+			go func() {
+				done <- New(Config{Address: tc.addr, Dialer: tc.dial}).Do(ctx, cmp.Or(tc.lock, "free"), time.Hour,
+					func(fnCtx context.Context, _ uint64) error {
+						ran = true
+						<-fnCtx.Done()
+						return context.Cause(fnCtx)
+					})
+			}()
+			err := clientWait(t, done, wait, "Do to return")
+			if !errors.Is(err, errCause) || !ran && !errors.Is(err, context.DeadlineExceeded) ||
+				errors.Is(err, ErrDial) || errors.Is(err, ErrLockLost) || errors.Is(err, ErrConnectionClosed) {
+				t.Fatalf("Do = %v (fn ran: %v); want only the context's error and its cause", err, ran)
+			}
+		})
+	}
+}
+
+// The same with real deadlines, spread over the length of a claim, enough
+// times to meet a window of 1 in 1,000 (99% of the time).
+func TestContextEndAtRandomPointsOfAClaim(t *testing.T) {
+	errCause := errors.New("the caller's cause")
+	c := New(Config{Address: startServer(t, &Server{})})
+	nop := func(context.Context, uint64) error { return nil }
+	var took []time.Duration
+	for range 21 {
+		start := time.Now()
+		if err := c.Do(bounded(t), "x", time.Hour, nop); err != nil {
+			t.Fatal(err)
+		}
+		took = append(took, time.Since(start))
+	}
+	slices.Sort(took)
+	span := took[10] * 3 / 2 // the median claim, and some
+	granted := 0
+	for range 5000 {
+		ctx, cancel := context.WithTimeoutCause(context.Background(), rand.N(span), errCause)
+		err := c.Do(ctx, "x", time.Hour, nop)
+		cancel()
+		if err == nil {
+			granted++
+		} else if !errors.Is(err, context.DeadlineExceeded) || !errors.Is(err, errCause) || errors.Is(err, ErrDial) {
+			t.Fatalf("Do = %v; want nil or only the context's error and its cause", err)
+		}
+	}
+	t.Logf("deadlines within %v of the call: %d of 5000 granted before", span, granted)
+}
+
+// lateContext's deadline is its own, earlier than the end of its context.
+type lateContext struct {
+	context.Context
+	deadline time.Time
+}
+
+func (c lateContext) Deadline() (time.Time, bool) { return c.deadline, true }
