@@ -301,11 +301,29 @@ mutant retry-client-errors client.go 'TestDoRetry' . \
   'case isServerErr && se.Temporary(),' \
   'case isServerErr,'
 mutant retry-wait-below-base client.go 'TestDoRetryBackoff' . \
-  'time.NewTimer(backoff + rand.N(backoff/2))' \
-  'time.NewTimer(backoff/2 + rand.N(backoff/2))'
-mutant retry-closed-before-any-reply client.go 'TestDoRetryDoesNotRetryClosedBeforeAnyReply' . \
-  '&& !errors.Is(err, errNoReply):' \
-  ':'
+  'wait := backoff + rand.N(backoff/2)' \
+  'wait := backoff/2 + rand.N(backoff/2)'
+# DoRetry: a connection closed before any reply (a balancer in front of a
+# dead backend) is not retried.
+mutant no-retry-closed-before-any-reply client.go 'TestDoRetry|TestEveryErrorItsMatchesAndItsRetry' . \
+  'errors.Is(err, ErrHeartbeatTimeout), errors.Is(err, ErrConnectionClosed):' \
+  'errors.Is(err, ErrHeartbeatTimeout):'
+# DoRetry: a certificate that does not verify is retried for ever.
+mutant retry-unverified-certificate client.go 'TestEveryErrorItsMatchesAndItsRetry' . \
+  'case errors.As(err, new(*tls.CertificateVerificationError)), ctx.Err() != nil:' \
+  'case ctx.Err() != nil:'
+# The end of ctx during the dial or the claim is reported as the dial's or
+# the claim's error.
+mutant dial-error-at-ctx-deadline client.go 'TestContextEndAtEveryPointOfAClaim|TestContextEndAtRandomPointsOfAClaim' . \
+  'case err != nil && ended(ctx):' \
+  'case err != nil && ctx.Err() != nil:'
+mutant claim-error-at-ctx-deadline client.go 'TestContextEndAtEveryPointOfAClaim' . \
+  'case stopped && !ended(ctx):' \
+  'case stopped:'
+# Do: a loss that fn returned itself is joined to it again.
+mutant loss-joined-twice client.go 'TestEveryErrorItsMatchesAndItsRetry' . \
+  ' && !errors.Is(err, lost) {' \
+  ' {'
 mutant unsolicited-frame-waited-for client.go 'TestUnsolicitedFrameIsAViolationAtItsTypeByte' . \
   'case err == nil && typ[0] != TypeError && !l.inflight && l.st != queued:' \
   'case false:'
