@@ -172,6 +172,12 @@ func (o *ops) adminHandler() http.Handler {
 				writeJSON(w, http.StatusMethodNotAllowed, map[string]string{"error": "method " + r.Method + " not allowed; use " + method})
 				return
 			}
+			query, err := strictQuery(r.URL.RawQuery, adminQueryKeys[r.Pattern])
+			if err != nil {
+				writeJSON(w, http.StatusBadRequest, map[string]string{"error": err.Error()})
+				return
+			}
+			r.URL.RawQuery = query.Encode() // what the handler reads is what was checked
 			h(w, r)
 		}
 	}

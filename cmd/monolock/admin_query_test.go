@@ -1,0 +1,61 @@
+package main
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/monolock-dev/monolock"
+)
+
+// A release whose query the admin API does not fully understand must never
+// fall back to "whoever holds it now": with a stale token spelt a little
+// wrong, that is the holder promoted since the operator looked.
+func TestAdminRefusesAQueryItDoesNotUnderstand(t *testing.T) {
+	s := start(t, nil, "-admin-listen", "127.0.0.1:0")
+	a, first := rawAcquire(t, s.addr, "q", time.Minute)
+	b, _ := rawAcquire(t, s.addr, "q", time.Minute)
+	a.Close()
+	second := b.expect(monolock.TypeAcquired, 0)
+	stale := first.Token
+
+	for _, query := range []string{
+		fmt.Sprintf("?token=%d;", stale),
+		fmt.Sprintf("?token=%d;x=1", stale),
+		fmt.Sprintf("?Token=%d", stale),
+		fmt.Sprintf("?tokem=%d", stale),
+		fmt.Sprintf("?token%%3D%d", stale),
+		fmt.Sprintf("?token=%d&dry_run=1", stale),
+		"?&",
+		"?%zz",
+	} {
+		code, body := httpDo(t, "POST", "http://"+s.admin+"/api/locks/q/release"+query)
+		resp := decodeJSON(t, body)
+		msg, _ := resp["error"].(string)
+		if code != 400 || msg == "" {
+			t.Errorf("release%s: %d %s, want 400 with the reason", query, code, body)
+		}
+		b.Write([]byte{monolock.TypeHeartbeat})
+		if f := b.next(); f.Type != monolock.TypeAcquired || f.Token != second.Token {
+			t.Fatalf("after release%s the holder got %+v, want ACQUIRED with token %d: it was ended", query, f, second.Token)
+		}
+	}
+
+	// The other endpoints refuse what they do not take, too, and say what they take.
+	for _, tc := range []struct{ path, want string }{
+		{"/api/locks?mtach=q", "?match="},
+		{"/api/locks?match=q&match=r", "?match="},
+		{"/api/locks?match=q;", "semicolon"},
+		{"/api/locks/q?verbose=1", "no query"},
+		{"/api/info?x", "no query"},
+	} {
+		code, body := httpGet(t, "http://"+s.admin+tc.path)
+		if code != 400 || !strings.Contains(body, tc.want) {
+			t.Errorf("GET %s: %d %s, want 400 naming %s", tc.path, code, body, tc.want)
+		}
+	}
+	if code, body := httpGet(t, "http://"+s.admin+"/api/locks?match=q"); code != 200 || !strings.Contains(body, fmt.Sprint(second.Token)) {
+		t.Fatalf("GET /api/locks?match=q: %d %s", code, body)
+	}
+}
