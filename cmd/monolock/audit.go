@@ -155,8 +155,11 @@ func (a *auditLog) write(f *os.File) {
 			return
 		}
 		a.writeBegan.Store(time.Now().UnixNano())
-		_, err := f.Write(it.line)
+		n, err := f.Write(it.line)
 		a.writeBegan.Store(0)
+		if err != nil && n > 0 {
+			unwrite(f, n)
+		}
 		if err != nil {
 			a.lastErr.Store(&writeFailure{err, string(it.line[:len(it.line)-1])})
 			a.errors.Add(1)
@@ -179,6 +182,19 @@ func (a *auditLog) write(f *os.File) {
 			}
 		}
 	}
+}
+
+// unwrite takes back the n bytes of a line whose write ended short (a full
+// disk, a file size limit): a line is whole or absent, and the next one
+// must not be glued to a fragment, which stops every JSON-lines reader.
+// A file is cut back to where the line began; what cannot be cut (a pipe,
+// a device) gets a newline, so that the fragment stays a line of its own.
+// Either way the line is counted as lost by the caller.
+func unwrite(f *os.File, n int) {
+	if fi, err := f.Stat(); err == nil && fi.Mode().IsRegular() && f.Truncate(fi.Size()-int64(n)) == nil {
+		return
+	}
+	f.Write([]byte{'\n'})
 }
 
 // monitor reports lost lines and stalls, in bounded volume.
@@ -226,25 +242,34 @@ func (a *auditLog) report(r *auditReporter, now time.Time) {
 }
 
 // close lets the writer drain the queue for at most bound, then reports
-// every lost line one last time, and returns the number of lines that were
-// queued but never written (the sink stalled).
+// every lost line one last time, and returns the number of lines lost
+// since the start, of every kind: failed writes, lines dropped from a full
+// queue, and lines still queued when bound ended (the sink stalled). Any
+// of them makes the exit status 1: audit is all or nothing.
 func (a *auditLog) close(bound time.Duration) (lost int64) {
 	close(a.quit)
 	timer := time.NewTimer(bound)
 	defer timer.Stop()
+	var atExit int64
 	select {
 	case <-a.done:
 	case <-timer.C:
-		lost = a.queued.Load()
+		atExit = a.queued.Load()
 	}
 	var r auditReporter
 	r.errorsAt = time.Now().Add(-auditReportEvery) // report now, whatever was reported before
 	r.droppedAt = r.errorsAt
 	r.stallReported = time.Now() // the stall is reported as lost lines below
 	a.report(&r, time.Now())
-	if lost > 0 {
+	if atExit > 0 {
 		a.logger.Error("AUDIT LOG LINES LOST AT EXIT: the audit sink did not take them within the shutdown bound",
-			"path", a.path, "lines", lost, "bound", bound)
+			"path", a.path, "lines", atExit, "bound", bound)
+	}
+	failed, dropped := a.errors.Load(), a.dropped.Load()
+	lost = atExit + int64(failed) + int64(dropped)
+	if lost > 0 {
+		a.logger.Error("the audit log is missing lines: exit status 1", "path", a.path, "lost", lost,
+			"write_failed", failed, "dropped", dropped, "lost_at_exit", atExit)
 	}
 	return lost
 }
