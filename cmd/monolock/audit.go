@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -19,7 +20,8 @@ const (
 	auditQueueBytes  = 8 << 20         // and their bytes, at most
 	auditStallAfter  = 5 * time.Second // a write blocked this long is reported
 	auditReportEvery = 10 * time.Second
-	auditDrainBound  = 5 * time.Second // what shutdown gives the queue
+	auditDrainBound  = 5 * time.Second  // what shutdown gives the queue
+	auditFIFOWait    = 10 * time.Second // for the reader of a FIFO, at start-up
 )
 
 // auditLog writes one JSON object a line for every event, to a file that
@@ -61,14 +63,39 @@ func openAudit(path string, logger *slog.Logger) (*auditLog, error) {
 	f := os.Stdout
 	if path != "-" {
 		var err error
-		// At start-up, opening a FIFO waits for its reader, as it always did.
-		if f, err = os.OpenFile(path, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o640); err != nil {
+		if f, err = openAuditFile(path, logger); err != nil {
 			return nil, fmt.Errorf("-audit-log: %w", err)
 		}
 	}
 	go a.write(f)
 	go a.monitor()
 	return a, nil
+}
+
+// openAuditFile opens the audit log at start-up. A FIFO without a reader
+// would block the open, and the start, with nothing said: instead the wait
+// is logged at once, and bounded.
+func openAuditFile(path string, logger *slog.Logger) (*os.File, error) {
+	open := func() (*os.File, error) {
+		// O_NONBLOCK: a FIFO without a reader fails at once (ENXIO).
+		return os.OpenFile(path, os.O_WRONLY|os.O_APPEND|os.O_CREATE|syscall.O_NONBLOCK, 0o640)
+	}
+	f, err := open()
+	if !errors.Is(err, syscall.ENXIO) {
+		return f, err
+	}
+	logger.Warn("the audit log is a FIFO without a reader: waiting for one to open it before serving",
+		"path", path, "bound", auditFIFOWait)
+	for deadline := time.Now().Add(auditFIFOWait); time.Now().Before(deadline); {
+		time.Sleep(20 * time.Millisecond)
+		if f, err = open(); !errors.Is(err, syscall.ENXIO) {
+			if err == nil {
+				logger.Info("the audit FIFO has a reader", "path", path)
+			}
+			return f, err
+		}
+	}
+	return nil, fmt.Errorf("%s is a FIFO and nothing opened it for reading within %v: start its reader first", path, auditFIFOWait)
 }
 
 // reopen starts opening the path again, for logrotate, and returns at once:

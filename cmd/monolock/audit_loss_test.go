@@ -83,3 +83,28 @@ func TestEveryLostAuditLineMakesTheExitStatus1(t *testing.T) {
 		t.Fatalf("the exit does not say how many lines were lost, and how; stderr:\n%s", s.log())
 	}
 }
+
+// An audit FIFO without a reader holds the start; the server says so at
+// once, and serves once a reader opens it.
+func TestAuditFIFOWithoutAReaderSaysWhatTheStartWaitsFor(t *testing.T) {
+	fifo := filepath.Join(t.TempDir(), "audit")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	opened := make(chan *os.File, 1)
+	go func() {
+		time.Sleep(time.Second)
+		r, err := os.OpenFile(fifo, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+		if err != nil {
+			panic(err)
+		}
+		opened <- r
+	}()
+	s := start(t, nil, "-audit-log", fifo)
+	t.Cleanup(func() { (<-opened).Close() })
+	log := s.log()
+	waiting := strings.Index(log, "FIFO without a reader: waiting for one")
+	if waiting < 0 || waiting > strings.Index(log, "msg=serving") || !strings.Contains(log, "bound=10s") {
+		t.Fatalf("the start did not say, before serving, that it waits for the FIFO's reader, and how long; stderr:\n%s", log)
+	}
+}
