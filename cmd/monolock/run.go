@@ -44,7 +44,9 @@ group (the first four followed by SIGCONT); SIGTSTP, SIGTTIN, SIGTTOU,
 SIGPIPE, SIGABRT and the other signals that would end or stop monolock run
 are ignored. If monolock run is killed, COMMAND's first process gets SIGKILL
 (Linux). If the lock is lost while COMMAND runs, the group gets SIGTERM,
-then SIGKILL after -grace.
+then SIGKILL after -grace; the connection stays open, with heartbeats,
+until the group is gone, so that a server that still hears run keeps the
+lock from the next holder meanwhile.
 
 Exit status:
   COMMAND's own   it ran and the lock was held throughout (128+N if signal N killed it)
@@ -144,7 +146,9 @@ func runMain(args []string, stdout, stderr io.Writer) int {
 			}
 		}
 	}()
-	client := monolock.New(monolock.Config{Address: *addr, Dialer: dialer})
+	held := &heldDialer{d: dialer}
+	defer held.finish()
+	client := monolock.New(monolock.Config{Address: *addr, Dialer: held})
 	acquire := client.Acquire
 	if nonblock {
 		acquire = client.TryAcquire
@@ -172,7 +176,7 @@ func runMain(args []string, stdout, stderr io.Writer) int {
 		return exitUnreachable
 	}
 	defer l.Release()
-	return runLocked(l, *addr, command, sigs, *grace, stderr)
+	return runLocked(l, held.conn, *lease, *addr, command, sigs, *grace, stderr)
 }
 
 var (
@@ -211,7 +215,7 @@ const groupPoll = 20 * time.Millisecond
 
 // runLocked runs command while l is held and returns monolock run's status
 // once every process of command's process group has exited.
-func runLocked(l *monolock.Lock, addr string, command []string, sigs <-chan os.Signal, grace time.Duration, stderr io.Writer) int {
+func runLocked(l *monolock.Lock, conn *heldConn, lease time.Duration, addr string, command []string, sigs <-chan os.Signal, grace time.Duration, stderr io.Writer) int {
 	// Orphans of the group become run's children (Linux), so that run reaps
 	// them even where nothing else does, and their zombies never hold the
 	// group, and the lock, forever.
@@ -277,6 +281,11 @@ func runLocked(l *monolock.Lock, addr string, command []string, sigs <-chan os.S
 			}
 		case <-lost:
 			lost = nil
+			// Heartbeats go on until the group is gone: a server that still
+			// hears them keeps the lock from the next holder meanwhile.
+			stop := make(chan struct{})
+			defer close(stop)
+			go conn.heartbeat(lease, stop)
 			fmt.Fprintf(stderr, "monolock run: lock %q lost while %s ran: %s; sending SIGTERM to its process group, SIGKILL in %v\n",
 				l.Name(), command[0], printable(l.Err().Error()), grace)
 			syscall.Kill(group, syscall.SIGTERM)
