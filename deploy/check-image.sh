@@ -65,6 +65,10 @@ case " ${envs[*]} " in
 esac
 envs=("${envs[@]//0.0.0.0:[0-9]*/127.0.0.1:0}")
 
+# The log exists before the loop below reads it: the background shell
+# creates it only when it runs, and a read of a missing file ends this
+# script (set -e).
+: >"$work/log"
 (cd / && exec env -i "${envs[@]}" setpriv --reuid="$uid" --regid="$gid" --clear-groups --no-new-privs \
   "$bin") 2>"$work/log" &
 pid=$!
