@@ -59,3 +59,40 @@ func TestAdminRefusesAQueryItDoesNotUnderstand(t *testing.T) {
 		t.Fatalf("GET /api/locks?match=q: %d %s", code, body)
 	}
 }
+
+// A 409 says what it compared: the holder may well be there, and the
+// caller's token rounded by a tool that reads numbers as doubles (jq 1.6
+// rounds tokens, which are above 2^53); the token is also given as a
+// string, which such tools keep exact.
+func TestAdminStaleTokenSaysWhatWasCompared(t *testing.T) {
+	s := start(t, nil, "-admin-listen", "127.0.0.1:0")
+	c, granted := rawAcquire(t, s.addr, "r", time.Minute)
+	rounded := uint64(float64(granted.Token))
+	if rounded == granted.Token {
+		rounded += 256 // one token in 256 is a double already; the next one is what rounding gives its neighbours
+	}
+	code, body := httpDo(t, "POST", fmt.Sprintf("http://%s/api/locks/r/release?token=%d", s.admin, rounded))
+	resp := decodeJSON(t, body)
+	msg, _ := resp["error"].(string)
+	holder, _ := resp["holder"].(map[string]any)
+	switch {
+	case code != 409:
+		t.Fatalf("a rounded token: %d %s, want 409", code, body)
+	case strings.Contains(msg, "the holder with this token is gone"):
+		t.Errorf("the 409 says the holder is gone, while it holds: %q", msg)
+	case !strings.Contains(msg, fmt.Sprint(rounded)) || !strings.Contains(msg, "rounded") || !strings.Contains(msg, "token_string"):
+		t.Errorf("the 409 does not say what it compared, nor that the token may have been rounded: %q", msg)
+	case resp["token_string"] != fmt.Sprint(rounded):
+		t.Errorf("the 409's token_string is %v, want the token given, %d", resp["token_string"], rounded)
+	case holder == nil || holder["token_string"] != fmt.Sprint(granted.Token):
+		t.Errorf("the 409 does not name the current holder's token %d as a string: %s", granted.Token, body)
+	}
+	c.Write([]byte{monolock.TypeHeartbeat})
+	if f := c.next(); f.Type != monolock.TypeAcquired || f.Token != granted.Token {
+		t.Fatalf("the holder got %+v after a refused release", f)
+	}
+	code, body = httpGet(t, "http://"+s.admin+"/api/locks/r")
+	if l := decodeJSON(t, body); code != 200 || l["holder"].(map[string]any)["token_string"] != fmt.Sprint(granted.Token) {
+		t.Fatalf("GET /api/locks/r: %d %s, want holder.token_string %d", code, body, granted.Token)
+	}
+}
