@@ -131,10 +131,22 @@ func runMain(args []string, stdout, stderr io.Writer) int {
 	}
 	var sig os.Signal
 	waited := make(chan struct{})
+	// One line after a second of waiting, so that a run that waits is not
+	// taken for one that hangs. The protocol does not say who holds a lock;
+	// the server's admin API does.
+	var patience <-chan time.Time
+	if !nonblock {
+		t := time.NewTimer(waitNotice)
+		defer t.Stop()
+		patience = t.C
+	}
 	go func() {
 		defer close(waited)
 		for {
 			select {
+			case <-patience:
+				fmt.Fprintf(stderr, "monolock run: waiting for lock %q at %s: not granted after %v; another client holds it, or the server has not answered yet (monolock locks, from the server's admin API, shows who holds it)\n",
+					name, *addr, waitNotice)
 			case s := <-sigs:
 				if endsWait(s) {
 					sig = s
@@ -178,6 +190,9 @@ func runMain(args []string, stdout, stderr io.Writer) int {
 	defer l.Release()
 	return runLocked(l, held.conn, *lease, *addr, command, sigs, *grace, stderr)
 }
+
+// waitNotice is how long run waits for a grant before it says so.
+const waitNotice = time.Second
 
 var (
 	errWaitTimeout = errors.New("-wait ran out")
