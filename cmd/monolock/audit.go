@@ -108,6 +108,8 @@ func (a *auditLog) reopen() bool {
 	if a.path == "-" || !a.reopening.CompareAndSwap(false, true) {
 		return false
 	}
+	// Said before the open begins, so that its failure is logged after.
+	a.logger.Info("reopening the audit log", "path", a.path)
 	go func() {
 		// O_NONBLOCK: a FIFO without a reader fails at once (ENXIO) instead
 		// of waiting for one.

@@ -109,7 +109,16 @@ func runMain(args []string, stdout, stderr io.Writer) int {
 	if err := monolock.ValidateLease(*lease); err != nil {
 		// The protocol's invalid-lease error (0x17), found before the dial:
 		// the same status as an invalid name, as the exit-status table says.
-		fmt.Fprintf(stderr, "monolock run: -lease: %v\n", err)
+		// Said in run's words: the code's canonical text, "lease must be
+		// positive", is wrong for a lease that is too long.
+		why := "must be at least 1ms"
+		switch {
+		case *lease > monolock.MaxLease:
+			why = fmt.Sprintf("is longer than the protocol's maximum, %v (2^32-1 ms, about 49.7 days)", monolock.MaxLease)
+		case *lease >= time.Millisecond:
+			why = "is not a whole number of milliseconds"
+		}
+		fmt.Fprintf(stderr, "monolock run: -lease %v %s\n", *lease, why)
 		return exitRefused
 	}
 	dialer, err := runDialer(*tlsCA, *tlsCert, *tlsKey, *tlsName)
