@@ -17,7 +17,9 @@
 # MONOLOCK_ACL_FILE, with the files mounted), or on a trusted network.
 # The admin API is off; it has no authentication, so if you turn it on keep
 # it on the container's loopback (MONOLOCK_ADMIN_LISTEN_ADDRESS=127.0.0.1:7071)
-# and reach it with `docker exec CONTAINER /monolock locks`.
+# and reach it with `docker exec CONTAINER /monolock locks`. The image has
+# no shell and no kill: reload the TLS files and rules (SIGHUP) with
+# `docker exec CONTAINER /monolock reload` (or `docker kill -s HUP CONTAINER`).
 # deploy/check-image.sh runs this file's build command outside Docker and
 # checks the result.
 

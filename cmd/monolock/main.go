@@ -38,6 +38,8 @@ func main() {
 			os.Exit(locksMain(args[1:], os.Stdout, os.Stderr))
 		case "version":
 			os.Exit(versionMain(args[1:], os.Stdout, os.Stderr))
+		case "reload":
+			os.Exit(reloadMain(args[1:], os.Stdout, os.Stderr))
 		}
 	}
 	os.Exit(serve(args, os.Stdout, os.Stderr))
@@ -48,6 +50,7 @@ const serveUsage = `Usage: monolock [flags]            serve locks
                                   hold a lock around a command (monolock run -h)
        monolock locks [flags]     who holds what, from the admin API (monolock locks -h)
        monolock version           the module version, VCS revision and Go version (also -version)
+       monolock reload [-pid N]   SIGHUP to the server (process 1 by default), for images without kill
 
 Flags (a flag beats its environment variable, which beats the default):
 `
