@@ -111,7 +111,7 @@ func serve(args []string, stdout, stderr io.Writer) int {
 	case *ioTimeout > maxIOTimeout:
 		return fail(2, "-io-timeout %v is longer than %v: a client could hold a connection that long without a frame", *ioTimeout, maxIOTimeout)
 	}
-	if *opsListen != "" && *opsListen == *adminListen {
+	if _, port, _ := net.SplitHostPort(*opsListen); *opsListen == *adminListen && port != "0" && port != "" {
 		return fail(2, "-ops-listen and -admin-listen are both %s: give them different addresses", *opsListen)
 	}
 	if err := sec.checkCombination(); err != nil {

@@ -1,6 +1,8 @@
 package main
 
 import (
+	"encoding/json"
+	"fmt"
 	"net"
 	"strings"
 	"testing"
@@ -52,4 +54,43 @@ func TestRunSaysItWaits(t *testing.T) {
 	if strings.Count(out, "\n") != 1 || !strings.Contains(out, `waiting for lock "busy" at `+s.addr) || !strings.Contains(out, "monolock locks") {
 		t.Fatalf("stderr %q; want one line saying it waits for \"busy\" at %s, and how to see who holds it", out, s.addr)
 	}
+}
+
+// monolock_connections_active counts connections, before their ACQUIRE
+// too; the sessions are monolock_locks_held + monolock_waiters, as
+// /api/info's sessions (README, Differences: why it stays so).
+func TestConnectionsActiveCountsConnectionsAndSessionsAreHeldPlusWaiters(t *testing.T) {
+	s := start(t, nil, "-ops-listen", "127.0.0.1:0", "-admin-listen", "127.0.0.1:0")
+	expect := func(when string, connections, held, waiters float64) {
+		t.Helper()
+		var values map[string]float64
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+			values, _ = metrics(t, s)
+			if values["monolock_connections_active"] == connections && values["monolock_locks_held"] == held && values["monolock_waiters"] == waiters {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: connections_active %v, locks_held %v, waiters %v; want %v, %v, %v", when,
+					values["monolock_connections_active"], values["monolock_locks_held"], values["monolock_waiters"], connections, held, waiters)
+			}
+		}
+		_, body := httpGet(t, "http://"+s.admin+"/api/info")
+		info := decodeJSON(t, body)
+		if info["connections"].(json.Number).String() != fmt.Sprint(connections) || info["sessions"].(json.Number).String() != fmt.Sprint(held+waiters) {
+			t.Fatalf("%s: /api/info connections %v, sessions %v; want %v and %v", when, info["connections"], info["sessions"], connections, held+waiters)
+		}
+	}
+	expect("idle", 0, 0, 0)
+	silent, err := net.DialTimeout("tcp", s.addr, 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer silent.Close()
+	expect("one connection without ACQUIRE", 1, 0, 0)
+	rawAcquire(t, s.addr, "c", time.Minute)
+	expect("and a holder", 2, 1, 0)
+	rawAcquire(t, s.addr, "c", time.Minute)
+	expect("and a waiter", 3, 1, 1)
+	silent.Close()
+	expect("the silent connection closed", 2, 1, 1)
 }
