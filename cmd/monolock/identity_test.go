@@ -56,3 +56,44 @@ func TestURILookingNameIsNoIdentity(t *testing.T) {
 		t.Fatalf("the audit log has a session with a refused certificate:\n%s", data)
 	}
 }
+
+// The rules' documented semantics, when several rules match an identity:
+// a lock is allowed when any rule whose identity matches has a lock
+// pattern that matches; a matching rule that does not allow the lock
+// denies nothing for the others; nothing else is allowed.
+func TestRulesWhenSeveralMatch(t *testing.T) {
+	rules, err := parseACL(strings.NewReader(`{"rules":[
+		{"identity":"spiffe://prod/*","locks":["nightly/*"]},
+		{"identity":"spiffe://prod/importer","locks":["import-?"]},
+		{"identity":"*","locks":["public"]},
+		{"identity":"spiffe://prod/import?r","locks":["shard-*-a"]}
+	]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		identity, lock string
+		want           bool
+	}{
+		{"spiffe://prod/importer", "nightly/x", true},   // first rule
+		{"spiffe://prod/importer", "import-1", true},    // second, though the first matched the identity and not the lock
+		{"spiffe://prod/importer", "import-12", false},  // ? is one character
+		{"spiffe://prod/importer", "public", true},      // third: * matches every identity
+		{"spiffe://prod/importer", "shard-7-a", true},   // fourth: ? in the identity
+		{"spiffe://prod/importer", "shard-7-b", false},  // no rule's lock pattern matches
+		{"spiffe://prod/other", "import-1", false},      // the second rule is not its
+		{"spiffe://prod/other", "nightly/a/b", true},    // * crosses /
+		{"spiffe://staging/x", "nightly/x", false},      // only the rule "*" matches its identity, and it allows only public
+		{"spiffe://staging/x", "public", true},          //
+		{"", "public", true},                            // the empty identity (no mutual TLS) matches *
+		{"", "nightly/x", false},                        //
+		{"SPIFFE://prod/importer", "nightly/x", false},  // case sensitive
+		{"spiffe://prod/importer", "Nightly/x", false},  //
+		{"spiffe://prod/importer", "nightly/", true},    // * may be empty
+		{"spiffe://prod/importer/x", "import-1", false}, // the whole identity must match
+	} {
+		if got := rules.allows(tc.identity, tc.lock); got != tc.want {
+			t.Errorf("allows(%q, %q) = %v, want %v", tc.identity, tc.lock, got, tc.want)
+		}
+	}
+}
