@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -53,6 +54,25 @@ func TestRunSaysItWaits(t *testing.T) {
 	out := p.stderr.String()
 	if strings.Count(out, "\n") != 1 || !strings.Contains(out, `waiting for lock "busy" at `+s.addr) || !strings.Contains(out, "monolock locks") {
 		t.Fatalf("stderr %q; want one line saying it waits for \"busy\" at %s, and how to see who holds it", out, s.addr)
+	}
+
+	// With the admin API, the line says who holds the lock.
+	s = start(t, nil, "-admin-listen", "127.0.0.1:0")
+	holder, f = rawAcquire(t, s.addr, "busy/x", time.Minute)
+	p = startRun(t, "-addr", s.addr, "-admin", s.admin, "busy/x", "--", "true")
+	for deadline := time.Now().Add(10 * time.Second); !strings.Contains(p.stderr.String(), "\n"); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("no waiting line within 10s")
+		}
+	}
+	holder.Close()
+	if code := p.status(t, 10*time.Second); code != 0 {
+		t.Fatalf("exit %d; stderr:\n%s", code, p.stderr.String())
+	}
+	want := regexp.MustCompile(`waiting for lock "busy/x" at ` + regexp.QuoteMeta(s.addr) + `: not granted after 1s; held by ` +
+		regexp.QuoteMeta(holder.LocalAddr().String()) + ` for [1-3]s under token ` + fmt.Sprint(f.Token) + `; 1 in its queue, this run among them\n$`)
+	if out := p.stderr.String(); strings.Count(out, "\n") != 1 || !want.MatchString(out) {
+		t.Fatalf("stderr %q; want one line matching %s", out, want)
 	}
 }
 

@@ -4,11 +4,14 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"net"
+	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -77,7 +80,8 @@ func runMain(args []string, stdout, stderr io.Writer) int {
 	tlsCert := fs.String("tls-cert", "", "PEM `file` of this client's certificate, for mutual TLS")
 	tlsKey := fs.String("tls-key", "", "PEM `file` of the key of -tls-cert")
 	tlsName := fs.String("tls-server-name", "", "`name` to verify the server's certificate against (default: the host of -addr)")
-	envs := map[string]string{"addr": "MONOLOCK_ADDRESS"}
+	admin := fs.String("admin", "", "`address` of the server's admin API, to say who holds the lock while run waits (default: none)")
+	envs := map[string]string{"addr": "MONOLOCK_ADDRESS", "admin": "MONOLOCK_ADMIN_ADDRESS"}
 	if code, ok := parse(fs, args, envs, runUsage, stdout, stderr); !ok {
 		return code
 	}
@@ -154,8 +158,7 @@ func runMain(args []string, stdout, stderr io.Writer) int {
 		for {
 			select {
 			case <-patience:
-				fmt.Fprintf(stderr, "monolock run: waiting for lock %q at %s: not granted after %v; another client holds it, or the server has not answered yet (monolock locks, from the server's admin API, shows who holds it)\n",
-					name, *addr, waitNotice)
+				go func() { fmt.Fprintln(stderr, waitingLine(name, *addr, *admin)) }()
 			case s := <-sigs:
 				if endsWait(s) {
 					sig = s
@@ -202,6 +205,33 @@ func runMain(args []string, stdout, stderr io.Writer) int {
 
 // waitNotice is how long run waits for a grant before it says so.
 const waitNotice = time.Second
+
+// waitingLine says that run waits, and who holds the lock when the admin
+// API at admin (if any) answers within a second. The protocol itself does
+// not say who holds a lock.
+func waitingLine(name, addr, admin string) string {
+	line := fmt.Sprintf("monolock run: waiting for lock %q at %s: not granted after %v", name, addr, waitNotice)
+	if admin == "" {
+		return line + "; another client holds it, or the server has not answered yet (-admin, or monolock locks on the server, says who holds it)"
+	}
+	u := url.URL{Scheme: "http", Host: admin, Path: "/api/locks/" + name, RawPath: "/api/locks/" + url.PathEscape(name)}
+	resp, err := (&http.Client{Timeout: time.Second}).Get(u.String())
+	if err != nil {
+		return line + fmt.Sprintf("; the admin API at %s did not say who holds it: %s", admin, printable(err.Error()))
+	}
+	defer resp.Body.Close()
+	var l lockJSON
+	if resp.StatusCode != http.StatusOK || json.NewDecoder(resp.Body).Decode(&l) != nil || l.Holder == nil {
+		return line + fmt.Sprintf("; the admin API at %s knows no holder (%s)", admin, resp.Status)
+	}
+	h := l.Holder
+	who := h.RemoteAddr
+	if h.Identity != "" {
+		who = h.Identity + " (" + h.RemoteAddr + ")"
+	}
+	return line + fmt.Sprintf("; held by %s for %v under token %d; %d in its queue, this run among them", printable(who),
+		roundDuration(time.Since(h.Since)), h.Token, len(l.Waiters))
+}
 
 var (
 	errWaitTimeout = errors.New("-wait ran out")
