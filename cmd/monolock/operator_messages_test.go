@@ -114,3 +114,29 @@ func TestConnectionsActiveCountsConnectionsAndSessionsAreHeldPlusWaiters(t *test
 	silent.Close()
 	expect("the silent connection closed", 2, 1, 1)
 }
+
+// Text from the network reaches a terminal escaped: a lock name with a
+// terminal escape and a tab, in monolock locks and in run's waiting line.
+func TestNamesFromTheNetworkArePrintedEscaped(t *testing.T) {
+	s := start(t, nil, "-admin-listen", "127.0.0.1:0")
+	name := "evil\x1b[2J\tname"
+	holder, f := rawAcquire(t, s.addr, name, time.Minute)
+	if f.Type != monolock.TypeAcquired {
+		t.Fatalf("got %+v", f)
+	}
+	code, stdout, stderr := runBinary(t, nil, "locks", "-admin", s.admin)
+	if code != 0 || strings.ContainsAny(stdout, "\x1b") || !strings.Contains(stdout, `"evil\x1b[2J\tname"`) {
+		t.Fatalf("monolock locks: exit %d, stdout %q, stderr %q; want the name quoted and escaped", code, stdout, stderr)
+	}
+	p := startRun(t, "-addr", s.addr, "-admin", s.admin, name, "--", "true")
+	for deadline := time.Now().Add(10 * time.Second); !strings.Contains(p.stderr.String(), "\n"); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("no waiting line within 10s")
+		}
+	}
+	holder.Close()
+	p.status(t, 10*time.Second)
+	if out := p.stderr.String(); strings.ContainsAny(out, "\x1b") || !strings.Contains(out, `"evil\x1b[2J\tname"`) {
+		t.Fatalf("run's stderr %q: want the name quoted and escaped", out)
+	}
+}
