@@ -199,6 +199,7 @@ func runMain(args []string, stdout, stderr io.Writer) int {
 		}
 		return exitUnreachable
 	}
+	held.conn.hold()
 	defer l.Release()
 	return runLocked(l, held.conn, *lease, *addr, command, sigs, *grace, stderr)
 }

@@ -21,17 +21,27 @@ import (
 type heldConn struct {
 	net.Conn
 	mu       sync.Mutex
+	holding  bool // granted, and run not done: Close is put off
 	finished bool // run is done with it: Close closes
-	kept     bool // the client closed it while run was not done
+	kept     bool // the client closed it while holding
 }
 
-// Close is the client's: it is put off until finish, and meanwhile the
-// answers to run's heartbeats are read and dropped, so that they never
-// fill the socket.
+// hold starts putting off the client's Close: from the grant on. Before
+// it, a Close must close at once, since it is how the client ends a wait
+// (-wait, a signal) without waiting for a read deadline.
+func (c *heldConn) hold() {
+	c.mu.Lock()
+	c.holding = true
+	c.mu.Unlock()
+}
+
+// Close is the client's: while holding it is put off until finish, and
+// meanwhile the answers to run's heartbeats are read and dropped, so that
+// they never fill the socket.
 func (c *heldConn) Close() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.finished {
+	if !c.holding || c.finished {
 		return c.Conn.Close()
 	}
 	if !c.kept {
