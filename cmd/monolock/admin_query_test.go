@@ -2,6 +2,8 @@ package main
 
 import (
 	"fmt"
+	"io"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -40,6 +42,23 @@ func TestAdminRefusesAQueryItDoesNotUnderstand(t *testing.T) {
 		if f := b.next(); f.Type != monolock.TypeAcquired || f.Token != second.Token {
 			t.Fatalf("after release%s the holder got %+v, want ACQUIRED with token %d: it was ended", query, f, second.Token)
 		}
+	}
+
+	// A token in the body (curl -d token=T) is not read: refused, not ignored.
+	req, _ := http.NewRequest("POST", "http://"+s.admin+"/api/locks/q/release", strings.NewReader(fmt.Sprintf("token=%d", stale)))
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	resp, err := httpClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 400 || !strings.Contains(string(body), "?token=") {
+		t.Errorf("release with the token in the body: %d %s, want 400 saying the token goes in the URL", resp.StatusCode, body)
+	}
+	b.Write([]byte{monolock.TypeHeartbeat})
+	if f := b.next(); f.Type != monolock.TypeAcquired || f.Token != second.Token {
+		t.Fatalf("after a release with a body the holder got %+v: it was ended", f)
 	}
 
 	// The other endpoints refuse what they do not take, too, and say what they take.
