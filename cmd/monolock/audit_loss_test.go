@@ -4,12 +4,17 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"io"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/monolock-dev/monolock"
 )
 
 // A write that a full disk cuts short leaves no fragment for the next line
@@ -107,4 +112,48 @@ func TestAuditFIFOWithoutAReaderSaysWhatTheStartWaitsFor(t *testing.T) {
 	if waiting < 0 || waiting > strings.Index(log, "msg=serving") || !strings.Contains(log, "bound=10s") {
 		t.Fatalf("the start did not say, before serving, that it waits for the FIFO's reader, and how long; stderr:\n%s", log)
 	}
+}
+
+// Lines dropped from a full queue count as lost at exit, even when the
+// sink recovers and nothing is left queued: the exit status is 1.
+func TestDroppedAuditLinesCountAsLostAtExit(t *testing.T) {
+	fifo := filepath.Join(t.TempDir(), "audit")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	reader, err := os.OpenFile(fifo, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer reader.Close()
+	var log bytes.Buffer
+	a, err := openAudit(fifo, slog.New(slog.NewTextHandler(&lockedWriter{w: &log}, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The reader reads nothing yet: the pipe fills, then the queue, then
+	// lines are dropped.
+	ev := monolock.Event{Type: monolock.EventGranted, Lock: "l", Time: time.Now(), Token: 1}
+	for range auditQueueLines + 2000 {
+		a.event(ev)
+	}
+	if a.dropped.Load() == 0 {
+		t.Fatal("no line dropped: the queue did not fill, the test proves nothing")
+	}
+	// The sink recovers: everything queued is written.
+	go io.Copy(io.Discard, reader)
+	if lost := a.close(10 * time.Second); lost != int64(a.dropped.Load()) || a.queued.Load() != 0 {
+		t.Fatalf("close = %d lost, with %d dropped and %d still queued; want the dropped ones, nothing queued", lost, a.dropped.Load(), a.queued.Load())
+	}
+}
+
+type lockedWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
 }
