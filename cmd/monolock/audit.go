@@ -20,8 +20,7 @@ const (
 	auditQueueBytes  = 8 << 20         // and their bytes, at most
 	auditStallAfter  = 5 * time.Second // a write blocked this long is reported
 	auditReportEvery = 10 * time.Second
-	auditDrainBound  = 5 * time.Second  // what shutdown gives the queue
-	auditFIFOWait    = 10 * time.Second // for the reader of a FIFO, at start-up
+	auditDrainBound  = 5 * time.Second // what shutdown gives the queue
 )
 
 // auditLog writes one JSON object a line for every event, to a file that
@@ -71,6 +70,10 @@ func openAudit(path string, logger *slog.Logger) (*auditLog, error) {
 	go a.monitor()
 	return a, nil
 }
+
+// auditFIFOWait is how long the start waits for the reader of an audit
+// FIFO (a variable for the test of its end).
+var auditFIFOWait = 10 * time.Second
 
 // openAuditFile opens the audit log at start-up. A FIFO without a reader
 // would block the open, and the start, with nothing said: instead the wait

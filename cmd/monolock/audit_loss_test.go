@@ -157,3 +157,25 @@ func (l *lockedWriter) Write(p []byte) (int, error) {
 	defer l.mu.Unlock()
 	return l.w.Write(p)
 }
+
+// The wait for an audit FIFO's reader ends: the start fails, saying why.
+func TestAuditFIFOWithoutAReaderEndsTheStartAfterTheBound(t *testing.T) {
+	fifo := filepath.Join(t.TempDir(), "audit")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	defer func(d time.Duration) { auditFIFOWait = d }(auditFIFOWait)
+	auditFIFOWait = 200 * time.Millisecond
+	var log bytes.Buffer
+	begin := time.Now()
+	f, err := openAuditFile(fifo, slog.New(slog.NewTextHandler(&lockedWriter{w: &log}, nil)))
+	if f != nil {
+		f.Close()
+	}
+	if d := time.Since(begin); err == nil || !strings.Contains(err.Error(), "nothing opened it for reading within 200ms") || d < 200*time.Millisecond || d > 5*time.Second {
+		t.Fatalf("after %v: %v; want the start refused after 200ms, saying why", d, err)
+	}
+	if !strings.Contains(log.String(), "waiting for one to open it before serving") {
+		t.Fatalf("the wait was not logged: %q", log.String())
+	}
+}
