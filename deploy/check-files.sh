@@ -2,7 +2,10 @@
 # Checks the deployment files with the tools that read them, where this
 # machine has them: systemd-analyze verify on the unit, a YAML parse of
 # the Kubernetes manifest, haproxy -c on the standby configuration. A tool
-# that is missing is reported as skipped. Quick, and offline.
+# that is missing is reported as skipped. And that each is safe by default:
+# the unit's protocol port on loopback (or mutual TLS), the manifest's
+# NetworkPolicy, the Dockerfile's example publishing on loopback. Quick,
+# and offline.
 #
 #   bash deploy/check-files.sh
 set -euo pipefail
@@ -29,6 +32,21 @@ else
   skip "systemd-analyze"
 fi
 
+# Safe by default: the unit's protocol port is on loopback unless mutual
+# TLS is on; the Dockerfile's example publishes it on the host's loopback.
+unit=deploy/systemd/monolock.service
+listen=$(sed -n 's/^Environment=MONOLOCK_LISTEN_ADDRESS=//p' "$unit")
+if [[ $listen != 127.0.0.1:* ]] && ! grep -q '^Environment=MONOLOCK_TLS_CLIENT_CA=' "$unit"; then
+  echo "$unit: the protocol port listens on '$listen' in plaintext, without mutual TLS"; failed=1
+else
+  echo "$unit: protocol port ${listen:-unset}, safe by default"
+fi
+if grep -E '^#[[:space:]]+docker run' Dockerfile | grep -qE -- '-p ([0-9]+:)?7070'; then
+  echo "Dockerfile: the docker run example publishes 7070 on every interface of the host"; failed=1
+else
+  echo "Dockerfile: the docker run example publishes 7070 on loopback only"
+fi
+
 if python3 -c 'import yaml' 2>/dev/null; then
   python3 - deploy/kubernetes/monolock.yaml <<'PY' || failed=1
 import sys, yaml
@@ -45,7 +63,18 @@ problems = [p for p, ok in [
     ("liveness is not /healthz on the ops port", c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "ops"}),
     ("the admin API is not on loopback", env.get("MONOLOCK_ADMIN_LISTEN_ADDRESS", "").startswith("127.0.0.1:")),
     ("no Service", "Service" in kinds),
+    ("no NetworkPolicy: the plaintext lock port is open to every pod of the cluster", "NetworkPolicy" in kinds),
 ] if not ok]
+if "NetworkPolicy" in kinds:
+    np = kinds["NetworkPolicy"]["spec"]
+    tmpl = kinds["Deployment"]["spec"]["template"]["metadata"]["labels"]
+    if any(tmpl.get(k) != v for k, v in np["podSelector"].get("matchLabels", {}).items()) or not np["podSelector"].get("matchLabels"):
+        problems.append("the NetworkPolicy does not select the monolock pod")
+    for rule in np.get("ingress", []):
+        if not rule.get("from"):
+            problems.append("a NetworkPolicy ingress rule admits every source")
+    if not any(p.get("port") == "locks" for r in np.get("ingress", []) for p in r.get("ports", [])):
+        problems.append("the NetworkPolicy has no rule for the lock port")
 for p in problems:
     print("deploy/kubernetes/monolock.yaml:", p)
 print("YAML deploy/kubernetes/monolock.yaml:", ", ".join(d["kind"] for d in docs), "parsed" + ("" if not problems else ", with problems"))

@@ -65,6 +65,10 @@ case " ${envs[*]} " in
 esac
 envs=("${envs[@]//0.0.0.0:[0-9]*/127.0.0.1:0}")
 
+# The log exists before the loop below reads it: the background shell
+# creates it only when it runs, and a read of a missing file ends this
+# script (set -e).
+: >"$work/log"
 (cd / && exec env -i "${envs[@]}" setpriv --reuid="$uid" --regid="$gid" --clear-groups --no-new-privs \
   "$bin") 2>"$work/log" &
 pid=$!
@@ -94,6 +98,14 @@ exec 4>&-
 echo "GET /readyz: $status"
 case $status in *" 200 OK") ;; *) fail "readyz answered '$status'" ;; esac
 
+# The image has no kill: monolock reload is its SIGHUP, run as the image's
+# user as kubectl exec would.
+setpriv --reuid="$uid" --regid="$gid" --clear-groups --no-new-privs "$bin" reload -pid "$pid" ||
+  fail "monolock reload -pid $pid as uid $uid failed"
+for _ in $(seq 100); do grep -q 'SIGHUP: nothing to reload' "$work/log" && break; sleep 0.1; done
+grep -q 'SIGHUP: nothing to reload' "$work/log" || fail "the server did not log the reload: $(cat "$work/log")"
+echo "monolock reload: the server reloaded"
+
 kill -TERM "$pid"
 for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
 if kill -0 "$pid" 2>/dev/null; then fail "the server did not stop within 10 s of SIGTERM"; fi
@@ -101,4 +113,4 @@ code=0
 wait "$pid" || code=$?
 pid=
 [ "$code" = 0 ] || fail "exit status $code after SIGTERM, want 0: $(cat "$work/log")"
-echo "check-image: ok (static binary, serves as uid $uid with the image's environment, exits 0 on SIGTERM)"
+echo "check-image: ok (static binary, serves as uid $uid with the image's environment, reloads with monolock reload, exits 0 on SIGTERM)"

@@ -25,7 +25,7 @@ func adminGuard(listen string, bound net.Addr, h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if !adminHostAllowed(r.Host, configured, port) {
 			writeJSON(w, http.StatusForbidden, map[string]string{
-				"error": fmt.Sprintf("Host %q is not this admin API's address: use an IP address, localhost, or the host of -admin-listen, with port %s", r.Host, port)})
+				"error": fmt.Sprintf("Host %q is not this admin API's address: use an IP address or localhost (any port), or the host of -admin-listen with port %s", r.Host, port)})
 			return
 		}
 		inner.ServeHTTP(w, r)
@@ -33,15 +33,20 @@ func adminGuard(listen string, bound net.Addr, h http.Handler) http.Handler {
 }
 
 // adminHostAllowed reports whether a request's Host names the admin API:
-// its port, and an IP address (which no DNS answer can rebind), localhost,
-// or the host the operator gave -admin-listen.
+// an IP address or localhost, with any port, since no DNS answer can
+// rebind those and a port-forward (ssh -L, kubectl port-forward) to
+// another local port sends its own; or the host the operator gave
+// -admin-listen, with the API's port.
 func adminHostAllowed(hostport, configured, port string) bool {
 	host, p, err := net.SplitHostPort(hostport)
 	if err != nil { // no port: the scheme's default
 		host, p = hostport, "80"
 	}
-	if host == "" || p != port {
+	switch {
+	case host == "":
 		return false
+	case net.ParseIP(host) != nil || strings.EqualFold(host, "localhost"):
+		return true
 	}
-	return net.ParseIP(host) != nil || strings.EqualFold(host, "localhost") || (configured != "" && strings.EqualFold(host, configured))
+	return p == port && configured != "" && strings.EqualFold(host, configured)
 }

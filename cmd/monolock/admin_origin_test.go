@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -28,7 +29,11 @@ func TestAdminRefusesCrossOriginAndForeignHosts(t *testing.T) {
 	_, port, _ := net.SplitHostPort(s.admin)
 	do := func(method, path, host string, header ...string) (int, string) {
 		t.Helper()
-		req, _ := http.NewRequest(method, "http://"+s.admin+path, strings.NewReader("x=1"))
+		var body io.Reader
+		if slices.Contains(header, "Content-Type") { // what a browser's form would send
+			body = strings.NewReader("x=1")
+		}
+		req, _ := http.NewRequest(method, "http://"+s.admin+path, body)
 		for i := 0; i+1 < len(header); i += 2 {
 			req.Header.Set(header[i], header[i+1])
 		}
@@ -64,7 +69,7 @@ func TestAdminRefusesCrossOriginAndForeignHosts(t *testing.T) {
 		}
 		held("after " + tc.what)
 	}
-	for _, host := range []string{"evil.example:" + port, "evil.example", "localhost:1", "127.0.0.1", "localhost.evil.example:" + port} {
+	for _, host := range []string{"evil.example:" + port, "evil.example", "localhost.evil.example:" + port, "127.0.0.1.nip.io:" + port} {
 		if code, body := do("GET", "/api/locks", host); code != http.StatusForbidden || strings.Contains(body, "prod") {
 			t.Errorf("Host %s: GET /api/locks answered %d %s, want 403", host, code, body)
 		}
@@ -73,7 +78,10 @@ func TestAdminRefusesCrossOriginAndForeignHosts(t *testing.T) {
 		}
 		held("after Host " + host)
 	}
-	for _, host := range []string{"127.0.0.1:" + port, "localhost:" + port, "LOCALHOST:" + port, "[::1]:" + port} {
+	// An IP address or localhost with any port: what ssh -L and kubectl
+	// port-forward to another local port send. DNS rebinding needs a name.
+	for _, host := range []string{"127.0.0.1:" + port, "localhost:" + port, "LOCALHOST:" + port, "[::1]:" + port,
+		"localhost:8080", "127.0.0.1:18080", "localhost", "127.0.0.1", "[::1]:1"} {
 		if code, body := do("GET", "/api/locks", host); code != 200 || !strings.Contains(body, "prod") {
 			t.Errorf("Host %s: GET /api/locks answered %d %s, want 200", host, code, body)
 		}
@@ -101,8 +109,11 @@ func TestAdminHostAllowed(t *testing.T) {
 		{"ADMIN.internal:7071", "admin.internal", true},
 		{"admin.internal:7071", "127.0.0.1", false},
 		{"evil.example:7071", "", false},
-		{"127.0.0.1:7072", "127.0.0.1", false},
-		{"127.0.0.1", "127.0.0.1", false},
+		{"127.0.0.1:7072", "127.0.0.1", true},
+		{"localhost:8080", "127.0.0.1", true},
+		{"127.0.0.1", "127.0.0.1", true},
+		{"admin.internal:7072", "admin.internal", false},
+		{"admin.internal", "admin.internal", false},
 		{":7071", "", false},
 		{"", "", false},
 	} {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -61,14 +62,43 @@ func openAudit(path string, logger *slog.Logger) (*auditLog, error) {
 	f := os.Stdout
 	if path != "-" {
 		var err error
-		// At start-up, opening a FIFO waits for its reader, as it always did.
-		if f, err = os.OpenFile(path, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o640); err != nil {
+		if f, err = openAuditFile(path, logger); err != nil {
 			return nil, fmt.Errorf("-audit-log: %w", err)
 		}
 	}
 	go a.write(f)
 	go a.monitor()
 	return a, nil
+}
+
+// auditFIFOWait is how long the start waits for the reader of an audit
+// FIFO (a variable for the test of its end).
+var auditFIFOWait = 10 * time.Second
+
+// openAuditFile opens the audit log at start-up. A FIFO without a reader
+// would block the open, and the start, with nothing said: instead the wait
+// is logged at once, and bounded.
+func openAuditFile(path string, logger *slog.Logger) (*os.File, error) {
+	open := func() (*os.File, error) {
+		// O_NONBLOCK: a FIFO without a reader fails at once (ENXIO).
+		return os.OpenFile(path, os.O_WRONLY|os.O_APPEND|os.O_CREATE|syscall.O_NONBLOCK, 0o640)
+	}
+	f, err := open()
+	if !errors.Is(err, syscall.ENXIO) {
+		return f, err
+	}
+	logger.Warn("the audit log is a FIFO without a reader: waiting for one to open it before serving",
+		"path", path, "bound", auditFIFOWait)
+	for deadline := time.Now().Add(auditFIFOWait); time.Now().Before(deadline); {
+		time.Sleep(20 * time.Millisecond)
+		if f, err = open(); !errors.Is(err, syscall.ENXIO) {
+			if err == nil {
+				logger.Info("the audit FIFO has a reader", "path", path)
+			}
+			return f, err
+		}
+	}
+	return nil, fmt.Errorf("%s is a FIFO and nothing opened it for reading within %v: start its reader first", path, auditFIFOWait)
 }
 
 // reopen starts opening the path again, for logrotate, and returns at once:
@@ -81,6 +111,8 @@ func (a *auditLog) reopen() bool {
 	if a.path == "-" || !a.reopening.CompareAndSwap(false, true) {
 		return false
 	}
+	// Said before the open begins, so that its failure is logged after.
+	a.logger.Info("reopening the audit log", "path", a.path)
 	go func() {
 		// O_NONBLOCK: a FIFO without a reader fails at once (ENXIO) instead
 		// of waiting for one.
@@ -155,8 +187,11 @@ func (a *auditLog) write(f *os.File) {
 			return
 		}
 		a.writeBegan.Store(time.Now().UnixNano())
-		_, err := f.Write(it.line)
+		n, err := f.Write(it.line)
 		a.writeBegan.Store(0)
+		if err != nil && n > 0 {
+			unwrite(f, n)
+		}
 		if err != nil {
 			a.lastErr.Store(&writeFailure{err, string(it.line[:len(it.line)-1])})
 			a.errors.Add(1)
@@ -179,6 +214,19 @@ func (a *auditLog) write(f *os.File) {
 			}
 		}
 	}
+}
+
+// unwrite takes back the n bytes of a line whose write ended short (a full
+// disk, a file size limit): a line is whole or absent, and the next one
+// must not be glued to a fragment, which stops every JSON-lines reader.
+// A file is cut back to where the line began; what cannot be cut (a pipe,
+// a device) gets a newline, so that the fragment stays a line of its own.
+// Either way the line is counted as lost by the caller.
+func unwrite(f *os.File, n int) {
+	if fi, err := f.Stat(); err == nil && fi.Mode().IsRegular() && f.Truncate(fi.Size()-int64(n)) == nil {
+		return
+	}
+	f.Write([]byte{'\n'})
 }
 
 // monitor reports lost lines and stalls, in bounded volume.
@@ -226,25 +274,34 @@ func (a *auditLog) report(r *auditReporter, now time.Time) {
 }
 
 // close lets the writer drain the queue for at most bound, then reports
-// every lost line one last time, and returns the number of lines that were
-// queued but never written (the sink stalled).
+// every lost line one last time, and returns the number of lines lost
+// since the start, of every kind: failed writes, lines dropped from a full
+// queue, and lines still queued when bound ended (the sink stalled). Any
+// of them makes the exit status 1: audit is all or nothing.
 func (a *auditLog) close(bound time.Duration) (lost int64) {
 	close(a.quit)
 	timer := time.NewTimer(bound)
 	defer timer.Stop()
+	var atExit int64
 	select {
 	case <-a.done:
 	case <-timer.C:
-		lost = a.queued.Load()
+		atExit = a.queued.Load()
 	}
 	var r auditReporter
 	r.errorsAt = time.Now().Add(-auditReportEvery) // report now, whatever was reported before
 	r.droppedAt = r.errorsAt
 	r.stallReported = time.Now() // the stall is reported as lost lines below
 	a.report(&r, time.Now())
-	if lost > 0 {
+	if atExit > 0 {
 		a.logger.Error("AUDIT LOG LINES LOST AT EXIT: the audit sink did not take them within the shutdown bound",
-			"path", a.path, "lines", lost, "bound", bound)
+			"path", a.path, "lines", atExit, "bound", bound)
+	}
+	failed, dropped := a.errors.Load(), a.dropped.Load()
+	lost = atExit + int64(failed) + int64(dropped)
+	if lost > 0 {
+		a.logger.Error("the audit log is missing lines: exit status 1", "path", a.path, "lost", lost,
+			"write_failed", failed, "dropped", dropped, "lost_at_exit", atExit)
 	}
 	return lost
 }

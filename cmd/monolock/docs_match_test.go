@@ -147,7 +147,7 @@ func TestAdminLocksHaveTheDocumentedFields(t *testing.T) {
 		t.Helper()
 		l := checkFields(t, what, lock, map[string]string{"name": "string", "holder": "object", "waiters": "array"})
 		h := checkFields(t, what+".holder", l["holder"], map[string]string{
-			"identity": "string", "remote_addr": "string", "since": "string", "lease_ms": "int", "token": "int"})
+			"identity": "string", "remote_addr": "string", "since": "string", "lease_ms": "int", "token": "int", "token_string": "string"})
 		waiters, _ := l["waiters"].([]any)
 		if len(waiters) != 1 {
 			t.Fatalf("%s.waiters = %v, want one", what, l["waiters"])
@@ -161,6 +161,7 @@ func TestAdminLocksHaveTheDocumentedFields(t *testing.T) {
 			t.Errorf("%s.waiters[0] still has since beside queued_at", what)
 		}
 		if h["remote_addr"] != holder.LocalAddr().String() || h["token"].(json.Number).String() != strconv.FormatUint(granted.Token, 10) ||
+			h["token_string"] != strconv.FormatUint(granted.Token, 10) ||
 			h["lease_ms"].(json.Number).String() != "60000" || w["remote_addr"] != waiter.LocalAddr().String() {
 			t.Errorf("%s describes other sessions: holder %v, waiter %v", what, h, w)
 		}

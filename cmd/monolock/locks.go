@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -9,6 +10,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"syscall"
 	"text/tabwriter"
 	"time"
 	"unicode"
@@ -40,6 +42,9 @@ func locksMain(args []string, stdout, stderr io.Writer) int {
 	}
 	client := &http.Client{Timeout: 10 * time.Second}
 	resp, err := client.Get(u.String())
+	if errors.Is(err, syscall.ECONNREFUSED) {
+		return fail("nothing listens on %s: monolock locks reads the server's admin API, which is off unless the server runs with -admin-listen (MONOLOCK_ADMIN_LISTEN_ADDRESS); give its address with -admin (%v)", *admin, err)
+	}
 	if err != nil {
 		return fail("%v", err)
 	}

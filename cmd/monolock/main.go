@@ -38,6 +38,8 @@ func main() {
 			os.Exit(locksMain(args[1:], os.Stdout, os.Stderr))
 		case "version":
 			os.Exit(versionMain(args[1:], os.Stdout, os.Stderr))
+		case "reload":
+			os.Exit(reloadMain(args[1:], os.Stdout, os.Stderr))
 		}
 	}
 	os.Exit(serve(args, os.Stdout, os.Stderr))
@@ -48,6 +50,7 @@ const serveUsage = `Usage: monolock [flags]            serve locks
                                   hold a lock around a command (monolock run -h)
        monolock locks [flags]     who holds what, from the admin API (monolock locks -h)
        monolock version           the module version, VCS revision and Go version (also -version)
+       monolock reload [-pid N]   SIGHUP to the server (process 1 by default), for images without kill
 
 Flags (a flag beats its environment variable, which beats the default):
 `
@@ -105,6 +108,11 @@ func serve(args []string, stdout, stderr io.Writer) int {
 		return fail(2, "-io-timeout must be positive, got %v", *ioTimeout)
 	case *ioTimeout < minIOTimeout:
 		return fail(2, "-io-timeout %v is too short to read a frame: it must be at least %v", *ioTimeout, minIOTimeout)
+	case *ioTimeout > maxIOTimeout:
+		return fail(2, "-io-timeout %v is longer than %v: a client could hold a connection that long without a frame", *ioTimeout, maxIOTimeout)
+	}
+	if _, port, _ := net.SplitHostPort(*opsListen); *opsListen == *adminListen && port != "0" && port != "" {
+		return fail(2, "-ops-listen and -admin-listen are both %s: give them different addresses", *opsListen)
 	}
 	if err := sec.checkCombination(); err != nil {
 		return fail(2, "%v", err)
@@ -150,30 +158,42 @@ func serve(args []string, stdout, stderr io.Writer) int {
 	if sec.certFile != "" {
 		l = tls.NewListener(l, sec.listenerConfig())
 	}
-	var httpServers []*http.Server
-	for _, h := range []struct {
+	// Every address is listened on before anything is served or said to
+	// be: one that cannot be used stops the start with nothing served.
+	type httpListener struct {
 		addr, what string
 		handler    http.Handler
-	}{{*opsListen, "ops", o.opsHandler()}, {*adminListen, "admin", o.adminHandler()}} {
+		l          net.Listener
+	}
+	var listeners []httpListener
+	for _, h := range []httpListener{{addr: *opsListen, what: "ops", handler: o.opsHandler()}, {addr: *adminListen, what: "admin", handler: o.adminHandler()}} {
 		if h.addr == "" {
 			continue
 		}
-		hl, err := net.Listen("tcp", h.addr)
-		if err != nil {
+		if h.l, err = net.Listen("tcp", h.addr); err != nil {
+			for _, prev := range listeners {
+				prev.l.Close()
+			}
 			return fail(2, "-%s-listen: %v", h.what, err)
 		}
+		listeners = append(listeners, h)
+	}
+	var httpServers []*http.Server
+	for _, h := range listeners {
 		if h.what == "admin" {
-			h.handler = adminGuard(h.addr, hl.Addr(), h.handler)
-		}
-		if h.what == "admin" && !isLoopback(h.addr) {
-			logger.Warn("the admin API has no authentication and listens beyond this machine; bind it to loopback",
-				"admin_listen", h.addr)
+			h.handler = adminGuard(h.addr, h.l.Addr(), h.handler)
+			// The address bound, not the one given: a host name that
+			// resolves to loopback is loopback.
+			if !isLoopback(h.l.Addr().String()) {
+				logger.Warn("the admin API has no authentication and listens beyond this machine; bind it to loopback",
+					"admin_listen", h.addr)
+			}
 		}
 		hs := &http.Server{Handler: h.handler, ReadHeaderTimeout: httpReadHeaderTimeout, ReadTimeout: httpReadTimeout,
 			WriteTimeout: httpWriteTimeout, IdleTimeout: httpIdleTimeout, ErrorLog: slog.NewLogLogger(handler, slog.LevelWarn)}
 		httpServers = append(httpServers, hs)
-		go hs.Serve(hl)
-		logger.Info("serving "+h.what+" HTTP", "listen", hl.Addr().String())
+		go hs.Serve(h.l)
+		logger.Info("serving "+h.what+" HTTP", "listen", h.l.Addr().String())
 	}
 
 	// A reader of the audit log (or of the diagnostics) that goes away must
@@ -266,6 +286,11 @@ const diagFlushBound = time.Second
 // minIOTimeout is the least -io-timeout: a frame must be readable in it.
 const minIOTimeout = 10 * time.Millisecond
 
+// maxIOTimeout is the most: the io-timeout is how long a connection that
+// sends nothing may cost a descriptor, and a day is more than any network
+// needs to carry a frame.
+const maxIOTimeout = 24 * time.Hour
+
 // The bounds of the ops and admin HTTP servers: their connections cost
 // descriptors, like the protocol port's.
 const (
@@ -304,8 +329,7 @@ func reload(logger *slog.Logger, sec *security, audit *auditLog) {
 		}
 	case audit.path == "-":
 		logger.Info("SIGHUP: the audit log is stdout: nothing to reopen")
-	case audit.reopen():
-		logger.Info("reopening the audit log", "path", audit.path)
+	case audit.reopen(): // it logs "reopening the audit log" before it starts
 	default:
 		logger.Warn("the previous audit log reopen has not reached the writer yet (is the sink stalled?); not starting another", "path", audit.path)
 	}

@@ -81,7 +81,14 @@ func start(t *testing.T, env []string, args ...string) *server {
 // startWithStdout is start with the server's stdout on a file of the test.
 func startWithStdout(t *testing.T, stdout *os.File, env []string, args ...string) *server {
 	t.Helper()
-	cmd := exec.Command(binary, append([]string{"-listen", "127.0.0.1:0"}, args...)...)
+	return startExe(t, binary, stdout, env, args...)
+}
+
+// startExe is startWithStdout with exe, which must exec the binary, in its
+// place: a shell script that sets a limit first.
+func startExe(t *testing.T, exe string, stdout *os.File, env []string, args ...string) *server {
+	t.Helper()
+	cmd := exec.Command(exe, append([]string{"-listen", "127.0.0.1:0"}, args...)...)
 	cmd.Env = append(os.Environ(), env...)
 	if stdout != nil {
 		cmd.Stdout = stdout

@@ -126,6 +126,9 @@ type holderJSON struct {
 	Since      time.Time `json:"since"`
 	LeaseMS    int64     `json:"lease_ms"`
 	Token      uint64    `json:"token"`
+	// The token again, as a string: tools that read numbers as doubles
+	// (jq before 1.7, JavaScript) round tokens, which are above 2^53.
+	TokenString string `json:"token_string"`
 }
 
 type waiterJSON struct {
@@ -142,7 +145,8 @@ type lockJSON struct {
 }
 
 func toHolderJSON(s monolock.SessionInfo) holderJSON {
-	return holderJSON{Identity: s.Identity, RemoteAddr: s.RemoteAddr, Since: s.Since.UTC(), LeaseMS: s.Lease.Milliseconds(), Token: s.Token}
+	return holderJSON{Identity: s.Identity, RemoteAddr: s.RemoteAddr, Since: s.Since.UTC(), LeaseMS: s.Lease.Milliseconds(), Token: s.Token,
+		TokenString: strconv.FormatUint(s.Token, 10)}
 }
 
 func toWaiterJSON(s monolock.SessionInfo) waiterJSON {
@@ -170,6 +174,19 @@ func (o *ops) adminHandler() http.Handler {
 			if r.Method != method {
 				w.Header().Set("Allow", method)
 				writeJSON(w, http.StatusMethodNotAllowed, map[string]string{"error": "method " + r.Method + " not allowed; use " + method})
+				return
+			}
+			query, err := strictQuery(r.URL.RawQuery, adminQueryKeys[r.Pattern])
+			if err != nil {
+				writeJSON(w, http.StatusBadRequest, map[string]string{"error": err.Error()})
+				return
+			}
+			r.URL.RawQuery = query.Encode() // what the handler reads is what was checked
+			// Nor does it read a body: curl -d token=T must not release
+			// whoever holds the lock for want of the ?token= it ignored.
+			if b, _ := io.ReadAll(io.LimitReader(r.Body, 1)); len(b) > 0 {
+				writeJSON(w, http.StatusBadRequest, map[string]string{
+					"error": "the admin API reads no request body: give the token in the URL, as ?token=T"})
 				return
 			}
 			h(w, r)
@@ -229,9 +246,15 @@ func (o *ops) adminHandler() http.Handler {
 		case errors.Is(err, monolock.ErrNotFound):
 			writeJSON(w, http.StatusNotFound, map[string]string{"error": "nobody holds the lock", "name": name})
 		case errors.Is(err, monolock.ErrStaleToken):
-			writeJSON(w, http.StatusConflict, map[string]any{
-				"error": "the lock is now held under another token: the holder with this token is gone; nothing was released",
-				"name":  name, "token": token})
+			resp := map[string]any{"name": name, "token": token, "token_string": strconv.FormatUint(token, 10),
+				"error": fmt.Sprintf("token %d is not the token of the lock's holder: nothing was released. "+
+					"Either that holder is gone and the lock is now held under another token, "+
+					"or the token was rounded by a tool that reads numbers as doubles (jq before 1.7, JavaScript): "+
+					"copy token_string instead", token)}
+			if l, ok := o.srv.Lock(name); ok && l.Holder != nil { // as it is now, after the refusal
+				resp["holder"] = toHolderJSON(*l.Holder)
+			}
+			writeJSON(w, http.StatusConflict, resp)
 		case err != nil:
 			writeJSON(w, http.StatusInternalServerError, map[string]string{"error": err.Error(), "name": name})
 		default:

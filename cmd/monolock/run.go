@@ -4,11 +4,14 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"net"
+	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -44,7 +47,9 @@ group (the first four followed by SIGCONT); SIGTSTP, SIGTTIN, SIGTTOU,
 SIGPIPE, SIGABRT and the other signals that would end or stop monolock run
 are ignored. If monolock run is killed, COMMAND's first process gets SIGKILL
 (Linux). If the lock is lost while COMMAND runs, the group gets SIGTERM,
-then SIGKILL after -grace.
+then SIGKILL after -grace; the connection stays open, with heartbeats,
+until the group is gone, so that a server that still hears run keeps the
+lock from the next holder meanwhile.
 
 Exit status:
   COMMAND's own   it ran and the lock was held throughout (128+N if signal N killed it)
@@ -75,7 +80,8 @@ func runMain(args []string, stdout, stderr io.Writer) int {
 	tlsCert := fs.String("tls-cert", "", "PEM `file` of this client's certificate, for mutual TLS")
 	tlsKey := fs.String("tls-key", "", "PEM `file` of the key of -tls-cert")
 	tlsName := fs.String("tls-server-name", "", "`name` to verify the server's certificate against (default: the host of -addr)")
-	envs := map[string]string{"addr": "MONOLOCK_ADDRESS"}
+	admin := fs.String("admin", "", "`address` of the server's admin API, to say who holds the lock while run waits (default: none)")
+	envs := map[string]string{"addr": "MONOLOCK_ADDRESS", "admin": "MONOLOCK_ADMIN_ADDRESS"}
 	if code, ok := parse(fs, args, envs, runUsage, stdout, stderr); !ok {
 		return code
 	}
@@ -107,7 +113,16 @@ func runMain(args []string, stdout, stderr io.Writer) int {
 	if err := monolock.ValidateLease(*lease); err != nil {
 		// The protocol's invalid-lease error (0x17), found before the dial:
 		// the same status as an invalid name, as the exit-status table says.
-		fmt.Fprintf(stderr, "monolock run: -lease: %v\n", err)
+		// Said in run's words: the code's canonical text, "lease must be
+		// positive", is wrong for a lease that is too long.
+		why := "must be at least 1ms"
+		switch {
+		case *lease > monolock.MaxLease:
+			why = fmt.Sprintf("is longer than the protocol's maximum, %v (2^32-1 ms, about 49.7 days)", monolock.MaxLease)
+		case *lease >= time.Millisecond:
+			why = "is not a whole number of milliseconds"
+		}
+		fmt.Fprintf(stderr, "monolock run: -lease %v %s\n", *lease, why)
 		return exitRefused
 	}
 	dialer, err := runDialer(*tlsCA, *tlsCert, *tlsKey, *tlsName)
@@ -129,10 +144,21 @@ func runMain(args []string, stdout, stderr io.Writer) int {
 	}
 	var sig os.Signal
 	waited := make(chan struct{})
+	// One line after a second of waiting, so that a run that waits is not
+	// taken for one that hangs. The protocol does not say who holds a lock;
+	// the server's admin API does.
+	var patience <-chan time.Time
+	if !nonblock {
+		t := time.NewTimer(waitNotice)
+		defer t.Stop()
+		patience = t.C
+	}
 	go func() {
 		defer close(waited)
 		for {
 			select {
+			case <-patience:
+				go func() { fmt.Fprintln(stderr, waitingLine(name, *addr, *admin)) }()
 			case s := <-sigs:
 				if endsWait(s) {
 					sig = s
@@ -144,7 +170,9 @@ func runMain(args []string, stdout, stderr io.Writer) int {
 			}
 		}
 	}()
-	client := monolock.New(monolock.Config{Address: *addr, Dialer: dialer})
+	held := &heldDialer{d: dialer}
+	defer held.finish()
+	client := monolock.New(monolock.Config{Address: *addr, Dialer: held})
 	acquire := client.Acquire
 	if nonblock {
 		acquire = client.TryAcquire
@@ -171,8 +199,39 @@ func runMain(args []string, stdout, stderr io.Writer) int {
 		}
 		return exitUnreachable
 	}
+	held.conn.hold()
 	defer l.Release()
-	return runLocked(l, *addr, command, sigs, *grace, stderr)
+	return runLocked(l, held.conn, *lease, *addr, command, sigs, *grace, stderr)
+}
+
+// waitNotice is how long run waits for a grant before it says so.
+const waitNotice = time.Second
+
+// waitingLine says that run waits, and who holds the lock when the admin
+// API at admin (if any) answers within a second. The protocol itself does
+// not say who holds a lock.
+func waitingLine(name, addr, admin string) string {
+	line := fmt.Sprintf("monolock run: waiting for lock %q at %s: not granted after %v", name, addr, waitNotice)
+	if admin == "" {
+		return line + "; another client holds it, or the server has not answered yet (-admin, or monolock locks on the server, says who holds it)"
+	}
+	u := url.URL{Scheme: "http", Host: admin, Path: "/api/locks/" + name, RawPath: "/api/locks/" + url.PathEscape(name)}
+	resp, err := (&http.Client{Timeout: time.Second}).Get(u.String())
+	if err != nil {
+		return line + fmt.Sprintf("; the admin API at %s did not say who holds it: %s", admin, printable(err.Error()))
+	}
+	defer resp.Body.Close()
+	var l lockJSON
+	if resp.StatusCode != http.StatusOK || json.NewDecoder(resp.Body).Decode(&l) != nil || l.Holder == nil {
+		return line + fmt.Sprintf("; the admin API at %s knows no holder (%s)", admin, resp.Status)
+	}
+	h := l.Holder
+	who := h.RemoteAddr
+	if h.Identity != "" {
+		who = h.Identity + " (" + h.RemoteAddr + ")"
+	}
+	return line + fmt.Sprintf("; held by %s for %v under token %d; %d in its queue, this run among them", printable(who),
+		roundDuration(time.Since(h.Since)), h.Token, len(l.Waiters))
 }
 
 var (
@@ -211,7 +270,7 @@ const groupPoll = 20 * time.Millisecond
 
 // runLocked runs command while l is held and returns monolock run's status
 // once every process of command's process group has exited.
-func runLocked(l *monolock.Lock, addr string, command []string, sigs <-chan os.Signal, grace time.Duration, stderr io.Writer) int {
+func runLocked(l *monolock.Lock, conn *heldConn, lease time.Duration, addr string, command []string, sigs <-chan os.Signal, grace time.Duration, stderr io.Writer) int {
 	// Orphans of the group become run's children (Linux), so that run reaps
 	// them even where nothing else does, and their zombies never hold the
 	// group, and the lock, forever.
@@ -277,6 +336,11 @@ func runLocked(l *monolock.Lock, addr string, command []string, sigs <-chan os.S
 			}
 		case <-lost:
 			lost = nil
+			// Heartbeats go on until the group is gone: a server that still
+			// hears them keeps the lock from the next holder meanwhile.
+			stop := make(chan struct{})
+			defer close(stop)
+			go conn.heartbeat(lease, stop)
 			fmt.Fprintf(stderr, "monolock run: lock %q lost while %s ran: %s; sending SIGTERM to its process group, SIGKILL in %v\n",
 				l.Name(), command[0], printable(l.Err().Error()), grace)
 			syscall.Kill(group, syscall.SIGTERM)

@@ -247,10 +247,17 @@ func TestRunEscapesServerText(t *testing.T) {
 
 // Issue 14, item 6: an invalid lease exits 65, as the table says.
 func TestRunInvalidLeaseExitStatus(t *testing.T) {
-	for _, lease := range []string{"0", "-1s", "2000h"} {
-		code, stderr := runSync(t, "-addr", "127.0.0.1:1", "-lease", lease, "x", "--", "true")
-		if code != exitRefused || strings.Count(stderr, "\n") != 1 || !strings.Contains(stderr, "-lease") {
-			t.Errorf("-lease %s: exit %d, %q; want %d and one line naming -lease", lease, code, stderr, exitRefused)
+	for _, tc := range []struct{ lease, want string }{
+		{"0", "at least 1ms"},
+		{"-1s", "at least 1ms"},
+		{"2000h", "longer than the protocol's maximum"},
+		{"50000h", "longer than the protocol's maximum"},
+		{"1500us", "whole number of milliseconds"},
+	} {
+		code, stderr := runSync(t, "-addr", "127.0.0.1:1", "-lease", tc.lease, "x", "--", "true")
+		if code != exitRefused || strings.Count(stderr, "\n") != 1 || !strings.Contains(stderr, "-lease") ||
+			!strings.Contains(stderr, tc.want) || tc.want != "at least 1ms" && strings.Contains(stderr, "positive") {
+			t.Errorf("-lease %s: exit %d, %q; want %d and one line naming -lease and saying %q", tc.lease, code, stderr, exitRefused, tc.want)
 		}
 	}
 }

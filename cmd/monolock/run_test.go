@@ -20,8 +20,26 @@ import (
 // runProc is a `monolock run` in the background.
 type runProc struct {
 	cmd    *exec.Cmd
-	stderr bytes.Buffer
+	stderr lockedBuffer
 	done   chan struct{}
+}
+
+// lockedBuffer is what a process wrote, readable while it runs.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }
 
 func startRun(t *testing.T, args ...string) *runProc {
@@ -113,7 +131,7 @@ func TestRunNonblockAndWait(t *testing.T) {
 	if code, _ := runSync(t, "-addr", s.addr, "-wait", "300ms", "busy", "--", "true"); code != exitTimeout {
 		t.Fatalf("-wait: exit %d, want %d", code, exitTimeout)
 	}
-	if d := time.Since(begin); d < 300*time.Millisecond {
+	if d := time.Since(begin); d < 300*time.Millisecond || d > 5*time.Second {
 		t.Fatalf("-wait 300ms gave up after %v", d)
 	}
 	if code, _ := runSync(t, "-addr", s.addr, "-n", "free", "--", "true"); code != 0 {

@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strings"
 	"sync/atomic"
+	"unicode"
 	"unicode/utf8"
 )
 
@@ -59,6 +60,7 @@ func (s *security) load() error {
 				return fmt.Errorf("-tls-client-ca: no PEM certificate in %s", s.clientCAFile)
 			}
 			cfg.ClientAuth = tls.RequireAndVerifyClientCert
+			cfg.VerifyConnection = checkIdentity
 		}
 	}
 	var rules *acl
@@ -87,6 +89,54 @@ func (s *security) listenerConfig() *tls.Config {
 			return s.tls.Load(), nil
 		},
 	}
+}
+
+// checkIdentity refuses, in the handshake, a client certificate whose
+// identity would come from a DNS SAN or Common Name that is neither a host
+// name nor a plain name. Such a text ("spiffe://prod/importer" as a CN)
+// would otherwise pass for the URI SAN that rules and audit readers take
+// it for, and a CA that lets anyone choose a CN does not vouch for URIs.
+// The order of monolock.Identity (URI SAN, DNS SAN, CN) is unchanged.
+func checkIdentity(cs tls.ConnectionState) error {
+	if len(cs.PeerCertificates) == 0 {
+		return nil
+	}
+	cert := cs.PeerCertificates[0]
+	switch {
+	case len(cert.URIs) > 0:
+		return nil
+	case len(cert.DNSNames) > 0:
+		if !isHostName(cert.DNSNames[0]) {
+			return fmt.Errorf("client certificate's first DNS SAN %q is not an identity: a DNS SAN identity must be a host name (letters, digits, '-', '_', '.'); put a URI identity in a URI SAN", cert.DNSNames[0])
+		}
+	default:
+		if !isPlainName(cert.Subject.CommonName) {
+			return fmt.Errorf("client certificate's Common Name %q is not an identity: a CN identity must be a plain name (letters, digits, spaces, '-', '_', '.', '@'); put a URI identity in a URI SAN", cert.Subject.CommonName)
+		}
+	}
+	return nil
+}
+
+// isHostName reports whether s has only the characters of a host name.
+func isHostName(s string) bool {
+	for _, r := range s {
+		if !('a' <= r && r <= 'z' || 'A' <= r && r <= 'Z' || '0' <= r && r <= '9' || strings.ContainsRune("-_.", r)) {
+			return false
+		}
+	}
+	return s != ""
+}
+
+// isPlainName reports whether s is a name, not a URI or a path: letters,
+// digits, spaces and - _ . @, nothing that a URI needs (: / ? # %). An
+// empty CN is no identity at all, as without mutual TLS.
+func isPlainName(s string) bool {
+	for _, r := range s {
+		if !unicode.IsLetter(r) && !unicode.IsDigit(r) && !strings.ContainsRune(" -_.@", r) {
+			return false
+		}
+	}
+	return true
 }
 
 // authorize is the server's Authorize hook: deny by default.

@@ -1,0 +1,181 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/monolock-dev/monolock"
+)
+
+// A write that a full disk cuts short leaves no fragment for the next line
+// to be glued to: every line of the file is whole JSON, and the cut line
+// is counted as lost. A file size limit (ulimit -f) stands in for the
+// full disk: the kernel then cuts the write the same way.
+func TestAuditLinesAreWholeOnAFullDisk(t *testing.T) {
+	dir := t.TempDir()
+	const limit = 4 * 512 // ulimit -f counts 512-byte blocks
+	wrapper := filepath.Join(dir, "limited")
+	write(t, wrapper, fmt.Appendf(nil, "#!/bin/sh\nulimit -f %d || exit 99\nexec %s \"$@\"\n", limit/512, binary))
+	os.Chmod(wrapper, 0o755)
+	audit := filepath.Join(dir, "audit.log")
+	s := startExe(t, wrapper, nil, nil, "-audit-log", audit, "-ops-listen", "127.0.0.1:0")
+	const cycles = 20 // two lines each, about 170 bytes a line: past the limit
+	for i := range cycles {
+		c, _ := rawAcquire(t, s.addr, fmt.Sprintf("full-disk-%d", i), time.Minute)
+		c.Close()
+	}
+	var data []byte
+	var lines, lost int
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		values, _ := metrics(t, s)
+		data, _ = os.ReadFile(audit)
+		lines, lost = bytes.Count(data, []byte("\n")), int(values["monolock_audit_write_errors_total"])
+		if lines+lost == 2*cycles && values["monolock_audit_queued_lines"] == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d lines written and %d counted lost, want %d in all; file:\n%s", lines, lost, 2*cycles, data)
+		}
+	}
+	if lost == 0 || len(data) > limit {
+		t.Fatalf("%d lines lost, %d bytes written: the limit of %d bytes was not met, the test proves nothing", lost, len(data), limit)
+	}
+	if len(data) > 0 && data[len(data)-1] != '\n' {
+		t.Errorf("the audit log ends with a fragment: %q", data[bytes.LastIndexByte(data, '\n')+1:])
+	}
+	for i, line := range strings.Split(strings.TrimSuffix(string(data), "\n"), "\n") {
+		var v map[string]any
+		if err := json.Unmarshal([]byte(line), &v); err != nil {
+			t.Errorf("line %d is not whole JSON (%v): %q", i+1, err, line)
+		}
+	}
+	waitForLog(t, s, "AUDIT LOG WRITE FAILED")
+	s.cmd.Process.Signal(syscall.SIGTERM)
+	if code := s.exitCode(t); code != 1 {
+		t.Fatalf("exit status %d after %d audit lines were lost, want 1; stderr:\n%s", code, lost, s.log())
+	}
+}
+
+// Every kind of lost audit line makes the exit status 1, not only the
+// lines still queued at exit: here every write fails.
+func TestEveryLostAuditLineMakesTheExitStatus1(t *testing.T) {
+	s := start(t, nil, "-audit-log", "/dev/full", "-ops-listen", "127.0.0.1:0")
+	c, _ := rawAcquire(t, s.addr, "nowhere", time.Minute)
+	c.Close()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if values, _ := metrics(t, s); values["monolock_audit_write_errors_total"] == 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the two lines written to /dev/full were never counted as failed")
+		}
+	}
+	s.cmd.Process.Signal(syscall.SIGTERM)
+	if code := s.exitCode(t); code != 1 {
+		t.Fatalf("exit status %d after every audit line was lost, want 1; stderr:\n%s", code, s.log())
+	}
+	if !strings.Contains(s.log(), "lost=2 write_failed=2 dropped=0 lost_at_exit=0") {
+		t.Fatalf("the exit does not say how many lines were lost, and how; stderr:\n%s", s.log())
+	}
+}
+
+// An audit FIFO without a reader holds the start; the server says so at
+// once, and serves once a reader opens it.
+func TestAuditFIFOWithoutAReaderSaysWhatTheStartWaitsFor(t *testing.T) {
+	fifo := filepath.Join(t.TempDir(), "audit")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	opened := make(chan *os.File, 1)
+	go func() {
+		time.Sleep(time.Second)
+		r, err := os.OpenFile(fifo, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+		if err != nil {
+			panic(err)
+		}
+		opened <- r
+	}()
+	s := start(t, nil, "-audit-log", fifo)
+	t.Cleanup(func() { (<-opened).Close() })
+	log := s.log()
+	waiting := strings.Index(log, "FIFO without a reader: waiting for one")
+	if waiting < 0 || waiting > strings.Index(log, "msg=serving") || !strings.Contains(log, "bound=10s") {
+		t.Fatalf("the start did not say, before serving, that it waits for the FIFO's reader, and how long; stderr:\n%s", log)
+	}
+}
+
+// Lines dropped from a full queue count as lost at exit, even when the
+// sink recovers and nothing is left queued: the exit status is 1.
+func TestDroppedAuditLinesCountAsLostAtExit(t *testing.T) {
+	fifo := filepath.Join(t.TempDir(), "audit")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	reader, err := os.OpenFile(fifo, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer reader.Close()
+	var log bytes.Buffer
+	a, err := openAudit(fifo, slog.New(slog.NewTextHandler(&lockedWriter{w: &log}, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The reader reads nothing yet: the pipe fills, then the queue, then
+	// lines are dropped.
+	ev := monolock.Event{Type: monolock.EventGranted, Lock: "l", Time: time.Now(), Token: 1}
+	for range auditQueueLines + 2000 {
+		a.event(ev)
+	}
+	if a.dropped.Load() == 0 {
+		t.Fatal("no line dropped: the queue did not fill, the test proves nothing")
+	}
+	// The sink recovers: everything queued is written.
+	go io.Copy(io.Discard, reader)
+	if lost := a.close(10 * time.Second); lost != int64(a.dropped.Load()) || a.queued.Load() != 0 {
+		t.Fatalf("close = %d lost, with %d dropped and %d still queued; want the dropped ones, nothing queued", lost, a.dropped.Load(), a.queued.Load())
+	}
+}
+
+type lockedWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
+}
+
+// The wait for an audit FIFO's reader ends: the start fails, saying why.
+func TestAuditFIFOWithoutAReaderEndsTheStartAfterTheBound(t *testing.T) {
+	fifo := filepath.Join(t.TempDir(), "audit")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	defer func(d time.Duration) { auditFIFOWait = d }(auditFIFOWait)
+	auditFIFOWait = 200 * time.Millisecond
+	var log bytes.Buffer
+	begin := time.Now()
+	f, err := openAuditFile(fifo, slog.New(slog.NewTextHandler(&lockedWriter{w: &log}, nil)))
+	if f != nil {
+		f.Close()
+	}
+	if d := time.Since(begin); err == nil || !strings.Contains(err.Error(), "nothing opened it for reading within 200ms") || d < 200*time.Millisecond || d > 5*time.Second {
+		t.Fatalf("after %v: %v; want the start refused after 200ms, saying why", d, err)
+	}
+	if !strings.Contains(log.String(), "waiting for one to open it before serving") {
+		t.Fatalf("the wait was not logged: %q", log.String())
+	}
+}

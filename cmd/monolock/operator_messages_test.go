@@ -1,0 +1,128 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"net"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/monolock-dev/monolock"
+)
+
+// monolock locks against a server whose admin API is off says what it
+// needs, not only "connection refused".
+func TestLocksSaysItNeedsTheAdminAPI(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close() // nothing listens there now
+	code, _, stderr := runBinary(t, nil, "locks", "-admin", addr)
+	if code != 1 || strings.Count(stderr, "\n") != 1 || !strings.Contains(stderr, "-admin-listen") || !strings.Contains(stderr, addr) {
+		t.Fatalf("exit %d, stderr %q; want 1 and one line naming %s and -admin-listen", code, stderr, addr)
+	}
+}
+
+// monolock run says, once, after a second, that it waits; not when the
+// grant is quick, and not with -n.
+func TestRunSaysItWaits(t *testing.T) {
+	s := start(t, nil, "-admin-listen", "127.0.0.1:0")
+	if code, stderr := runSync(t, "-addr", s.addr, "free", "--", "true"); code != 0 || stderr != "" {
+		t.Fatalf("a free lock: exit %d, stderr %q; want 0 and nothing", code, stderr)
+	}
+	holder, _ := rawAcquire(t, s.addr, "busy", time.Minute)
+	const hostile = "busy/x\x1b[2J\t" // a terminal escape, printed escaped
+	other, f := rawAcquire(t, s.addr, hostile, time.Minute)
+	if code, stderr := runSync(t, "-addr", s.addr, "-n", "busy", "--", "true"); code != exitBusy || strings.Contains(stderr, "waiting") {
+		t.Fatalf("-n on a busy lock: exit %d, stderr %q; want %d and no waiting line", code, stderr, exitBusy)
+	}
+	// Two runs wait at once: without the admin API, and with it, where the
+	// line says who holds the lock.
+	p := startRun(t, "-addr", s.addr, "busy", "--", "true")
+	q := startRun(t, "-addr", s.addr, "-admin", s.admin, hostile, "--", "true")
+	time.Sleep(500 * time.Millisecond)
+	if out := p.stderr.String() + q.stderr.String(); out != "" {
+		t.Fatalf("run spoke before a second of waiting: %q", out)
+	}
+	for deadline := time.Now().Add(10 * time.Second); !strings.Contains(p.stderr.String(), "\n") || !strings.Contains(q.stderr.String(), "\n"); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("no waiting lines within 10s: %q, %q", p.stderr.String(), q.stderr.String())
+		}
+	}
+	holder.Close()
+	other.Close()
+	for _, r := range []*runProc{p, q} {
+		if code := r.status(t, 10*time.Second); code != 0 {
+			t.Fatalf("exit %d after the holder left; stderr:\n%s", code, r.stderr.String())
+		}
+	}
+	out := p.stderr.String()
+	if strings.Count(out, "\n") != 1 || !strings.Contains(out, `waiting for lock "busy" at `+s.addr+": not granted after 1s;") || !strings.Contains(out, "monolock locks") {
+		t.Fatalf("stderr %q; want one line saying it waits for \"busy\" at %s, and how to see who holds it", out, s.addr)
+	}
+	want := regexp.MustCompile(`waiting for lock ` + regexp.QuoteMeta(`"busy/x\x1b[2J\t"`) + ` at ` + regexp.QuoteMeta(s.addr) + `: not granted after 1s; held by ` +
+		regexp.QuoteMeta(other.LocalAddr().String()) + ` for [1-3]s under token ` + fmt.Sprint(f.Token) + `; 1 in its queue, this run among them\n$`)
+	if out := q.stderr.String(); strings.Count(out, "\n") != 1 || !want.MatchString(out) {
+		t.Fatalf("stderr %q; want one line matching %s", out, want)
+	}
+}
+
+// monolock_connections_active counts connections, before their ACQUIRE
+// too; the sessions are monolock_locks_held + monolock_waiters, as
+// /api/info's sessions (README, Differences: why it stays so).
+func TestConnectionsActiveCountsConnectionsAndSessionsAreHeldPlusWaiters(t *testing.T) {
+	s := start(t, nil, "-ops-listen", "127.0.0.1:0", "-admin-listen", "127.0.0.1:0")
+	expect := func(when string, connections, held, waiters float64) {
+		t.Helper()
+		var values map[string]float64
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+			values, _ = metrics(t, s)
+			if values["monolock_connections_active"] == connections && values["monolock_locks_held"] == held && values["monolock_waiters"] == waiters {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: connections_active %v, locks_held %v, waiters %v; want %v, %v, %v", when,
+					values["monolock_connections_active"], values["monolock_locks_held"], values["monolock_waiters"], connections, held, waiters)
+			}
+		}
+		_, body := httpGet(t, "http://"+s.admin+"/api/info")
+		info := decodeJSON(t, body)
+		if info["connections"].(json.Number).String() != fmt.Sprint(connections) || info["sessions"].(json.Number).String() != fmt.Sprint(held+waiters) {
+			t.Fatalf("%s: /api/info connections %v, sessions %v; want %v and %v", when, info["connections"], info["sessions"], connections, held+waiters)
+		}
+	}
+	expect("idle", 0, 0, 0)
+	silent, err := net.DialTimeout("tcp", s.addr, 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer silent.Close()
+	expect("one connection without ACQUIRE", 1, 0, 0)
+	rawAcquire(t, s.addr, "c", time.Minute)
+	expect("and a holder", 2, 1, 0)
+	rawAcquire(t, s.addr, "c", time.Minute)
+	expect("and a waiter", 3, 1, 1)
+	silent.Close()
+	expect("the silent connection closed", 2, 1, 1)
+}
+
+// Text from the network reaches a terminal escaped: a lock name with a
+// terminal escape and a tab, in monolock locks (run's waiting line: in
+// TestRunSaysItWaits).
+func TestNamesFromTheNetworkArePrintedEscaped(t *testing.T) {
+	s := start(t, nil, "-admin-listen", "127.0.0.1:0")
+	name := "evil\x1b[2J\tname"
+	holder, f := rawAcquire(t, s.addr, name, time.Minute)
+	if f.Type != monolock.TypeAcquired {
+		t.Fatalf("got %+v", f)
+	}
+	code, stdout, stderr := runBinary(t, nil, "locks", "-admin", s.admin)
+	if code != 0 || strings.ContainsAny(stdout, "\x1b") || !strings.Contains(stdout, `"evil\x1b[2J\tname"`) {
+		t.Fatalf("monolock locks: exit %d, stdout %q, stderr %q; want the name quoted and escaped", code, stdout, stderr)
+	}
+	holder.Close()
+}

@@ -1,0 +1,39 @@
+package main
+
+import (
+	"os/exec"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// monolock reload is SIGHUP for images that have no kill command (FROM
+// scratch): it signals the server, and nothing that is not monolock.
+func TestReloadSubcommandSignalsOnlyTheServer(t *testing.T) {
+	s := start(t, nil)
+	code, stdout, stderr := runBinary(t, nil, "reload", "-pid", strconv.Itoa(s.cmd.Process.Pid))
+	if code != 0 || !strings.Contains(stdout, "sent SIGHUP") || stderr != "" {
+		t.Fatalf("reload of the server: exit %d, stdout %q, stderr %q", code, stdout, stderr)
+	}
+	waitForLog(t, s, "nothing to reload")
+
+	other := exec.Command("sleep", "30") // SIGHUP would end it
+	if err := other.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { other.Process.Kill(); other.Wait() })
+	for _, pid := range []int{other.Process.Pid, 1} {
+		code, _, stderr := runBinary(t, nil, "reload", "-pid", strconv.Itoa(pid))
+		if code != 1 || !strings.Contains(stderr, "not signalling process "+strconv.Itoa(pid)) {
+			t.Errorf("reload -pid %d (not monolock): exit %d, stderr %q; want 1 and a refusal", pid, code, stderr)
+		}
+	}
+	time.Sleep(100 * time.Millisecond)
+	if !alive(other.Process.Pid) {
+		t.Fatal("reload signalled a process that is not monolock")
+	}
+	if code, _, stderr := runBinary(t, nil, "reload", "-pid", "0"); code != 2 || !strings.Contains(stderr, "-pid") {
+		t.Errorf("reload -pid 0: exit %d, stderr %q; want 2", code, stderr)
+	}
+}
