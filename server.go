@@ -143,15 +143,20 @@ var discard = slog.New(slog.DiscardHandler)
 
 func (srv *Server) log() *slog.Logger { return cmp.Or(srv.Logger, discard) }
 
-// infoLimit lets one kind of line through once a second: a flood of bad
-// clients must not flood the log (Stats counts them all).
-type infoLimit struct{ next atomic.Int64 }
+// infoLimit lets one kind of line through once a second, with the count
+// of those left out: a flood of bad clients must not flood the log.
+type infoLimit struct{ next, left atomic.Int64 }
 
 func (srv *Server) infoLimited(lim *infoLimit, msg string, args ...any) {
 	now, next := time.Now().UnixNano(), lim.next.Load()
-	if now >= next && lim.next.CompareAndSwap(next, now+int64(time.Second)) {
-		srv.log().Info(msg, args...)
+	if now < next || !lim.next.CompareAndSwap(next, now+int64(time.Second)) {
+		lim.left.Add(1)
+		return
 	}
+	if left := lim.left.Swap(0); left > 0 {
+		args = append(args, "suppressed", left)
+	}
+	srv.log().Info(msg, args...)
 }
 
 // initLocked makes the zero Server work.

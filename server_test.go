@@ -1062,3 +1062,41 @@ func TestDenialsAndFailedHandshakesAreLogged(t *testing.T) {
 		t.Errorf("%d lines for 20 denials and 20 failed handshakes in well under 3 s: want one a second of each kind\n%s", n, out)
 	}
 }
+
+// The limited log says, in its next line, how many it left out: three
+// denials in one instant write one line; the fourth, a second later,
+// writes one with suppressed=2. Fake time.
+func TestLogLimitCountsWhatItLeftOut(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var logs syncBuffer
+		srv := &Server{
+			Logger:    slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo})),
+			Authorize: func(identity, lock string) bool { return false },
+		}
+		l := newPipeListener()
+		go srv.Serve(l)
+		defer l.Close()
+		defer srv.Close()
+		deny := func(name string) {
+			c := l.dial(name)
+			defer c.Close()
+			sendAcquire(t, c, "secret", time.Minute)
+			if f := mustRead(t, c, TypeError); f.Code != CodeNotAuthorized {
+				t.Fatalf("%s: got ERROR 0x%02x, want 0x18", name, uint8(f.Code))
+			}
+			synctest.Wait()
+		}
+		deny("a")
+		deny("b")
+		deny("c")
+		if n := strings.Count(logs.String(), "ACQUIRE not authorized"); n != 1 {
+			t.Fatalf("%d lines for 3 denials in one instant, want 1:\n%s", n, logs.String())
+		}
+		time.Sleep(time.Second)
+		deny("d")
+		lines := strings.Split(strings.TrimSpace(logs.String()), "\n")
+		if len(lines) != 2 || !strings.Contains(lines[1], "remote=d") || !strings.Contains(lines[1], "suppressed=2") {
+			t.Errorf("the log after a fourth denial a second later:\n%s\nwant a second line for d with suppressed=2", logs.String())
+		}
+	})
+}

@@ -17,6 +17,7 @@ func TestURILookingNameIsNoIdentity(t *testing.T) {
 	setup := newTLSSetup(t, `{"rules":[
 		{"identity":"spiffe://prod/*","locks":["uri-*"]},
 		{"identity":"importer","locks":["cn-*"]},
+		{"identity":"Doe, Jane","locks":["cn-*"]},
 		{"identity":"worker.dns.example","locks":["dns-*"]}
 	]}`)
 	audit := filepath.Join(setup.dir, "audit.log")
@@ -43,6 +44,7 @@ func TestURILookingNameIsNoIdentity(t *testing.T) {
 	}{
 		{"a URI SAN beside a CN that looks like one", "uri-b", leafOpts{cn: "spiffe://prod/other", uris: []string{"spiffe://prod/importer"}}},
 		{"a plain CN", "cn-a", leafOpts{cn: "importer"}},
+		{"a CN with a comma", "cn-b", leafOpts{cn: "Doe, Jane"}},
 		{"a host name DNS SAN", "dns-a", leafOpts{cn: "spiffe://x/y", dns: []string{"worker.dns.example"}}},
 	} {
 		f, _, err := tlsAcquire(t, s.addr, setup.clientConfig(t, setup.clientCA, tc.cert), tc.lock)
@@ -50,7 +52,7 @@ func TestURILookingNameIsNoIdentity(t *testing.T) {
 			t.Errorf("%s: %+v, %v; want ACQUIRED", tc.what, f, err)
 		}
 	}
-	waitForAuditLines(t, audit, 3)
+	waitForAuditLines(t, audit, 4)
 	data, _ := os.ReadFile(audit)
 	if strings.Contains(string(data), `"uri-a"`) {
 		t.Fatalf("the audit log has a session with a refused certificate:\n%s", data)

@@ -127,16 +127,11 @@ func isHostName(s string) bool {
 	return s != ""
 }
 
-// isPlainName reports whether s is a name, not a URI or a path: letters,
-// digits, spaces and - _ . @, nothing that a URI needs (: / ? # %). An
-// empty CN is no identity at all, as without mutual TLS.
+// isPlainName reports whether s is a name, not a URI or a path: nothing
+// that a URI needs (: / ? # % and the backslash) and no control character. "Doe, Jane" is
+// one. An empty CN is no identity at all, as without mutual TLS.
 func isPlainName(s string) bool {
-	for _, r := range s {
-		if !unicode.IsLetter(r) && !unicode.IsDigit(r) && !strings.ContainsRune(" -_.@", r) {
-			return false
-		}
-	}
-	return true
+	return !strings.ContainsAny(s, `:/?#%\`) && !strings.ContainsFunc(s, unicode.IsControl)
 }
 
 // authorize is the server's Authorize hook: deny by default.
