@@ -687,6 +687,7 @@ type probeConn struct {
 	log    *probeLog
 	writes atomic.Int64 // Write calls begun
 	failed atomic.Int64 // the number of the first Write that failed; 0: none
+	cuts   atomic.Int64 // past write deadlines set
 
 	afterRead   func(b []byte, err error) // after every Read, with what it returned
 	beforeSetRD func()                    // SetReadDeadline and SetDeadline
@@ -729,8 +730,13 @@ func (c *probeConn) SetReadDeadline(t time.Time) error {
 	return c.Conn.SetReadDeadline(t)
 }
 
+// SetWriteDeadline calls beforeSetWD for a writer's deadline; a past one is
+// a stopper's cut, set under the server's lock, where a hook could not
+// look at the server: it is only counted.
 func (c *probeConn) SetWriteDeadline(t time.Time) error {
-	if c.beforeSetWD != nil {
+	if !t.IsZero() && t.Before(time.Now()) {
+		c.cuts.Add(1)
+	} else if c.beforeSetWD != nil {
 		c.beforeSetWD()
 	}
 	return c.Conn.SetWriteDeadline(t)

@@ -23,15 +23,16 @@ import (
 // The rules, each kept at one place (docs/sessions.md has the design):
 //
 //  1. srv.mu guards the table and a session's marked fields; whoever touches
-//     them is named ...Locked or takes srv.mu, and does no I/O with it held.
+//     them is named ...Locked or takes srv.mu, and does no I/O with it held
+//     (setting a deadline is not I/O: it never waits).
 //  2. Frames are decided only by owe and endLocked, only for a live session.
 //  3. drainLocked alone writes, holding the writer's role, which only
 //     wakeLocked and drainOwnLocked hand out.
-//  4. endLocked is the only way out of the table; it, or stopLocked for
-//     another party's end, drops what was decided and not yet taken,
-//     unless the session's own bad frame ended it.
-//  5. After such a drop no write but the final ERROR begins: drainLocked
-//     checks stopped after its deadline; cutLocked's caller sets a past one.
+//  4. endLocked is the only way out of the table; dropLocked, called by it
+//     and by stopLocked for another party's end, drops what was decided and
+//     not yet taken, unless the session's own bad frame ended it.
+//  5. After a drop no write but the final ERROR begins: dropLocked sets a
+//     past write deadline, and drainLocked checks stopped after its own.
 //  6. heartbeatLocked decides one read's bytes together, in the critical
 //     section that ends the session if one is bad.
 //  7. promoteLocked grants only a waiter whose lease has not passed.
@@ -126,7 +127,7 @@ type session struct {
 	owedWaiting, owedAcquired uint32
 	final                     error       // the final ERROR's cause, while ending
 	writing                   bool        // a goroutine has the writer's role
-	stopped                   atomic.Bool // stopLocked ended it; read without srv.mu by drain only
+	stopped                   atomic.Bool // dropLocked ran; read without srv.mu by drainLocked only
 
 	rbuf [32]byte // read ahead; the session goroutine's own
 	r, w uint8    // the unread part of rbuf
@@ -238,12 +239,12 @@ func (srv *Server) start(conn net.Conn) {
 // and for OnEvent. When ctx ends it closes all and returns ctx's error.
 func (srv *Server) Shutdown(ctx context.Context) error {
 	srv.mu.Lock()
-	listeners, stopped := srv.beginCloseLocked()
+	listeners := srv.beginCloseLocked()
 	for s := range srv.sessions {
 		srv.wakeLocked(s)
 	}
 	srv.mu.Unlock()
-	closeAll(listeners, stopped)
+	closeAll(listeners)
 	finished := make(chan struct{})
 	go func() { srv.wg.Wait(); close(finished) }()
 	bound := time.AfterFunc(srv.ioTimeout(), func() { srv.Close() })
@@ -260,20 +261,20 @@ func (srv *Server) Shutdown(ctx context.Context) error {
 // Close stops accepting and closes every connection at once.
 func (srv *Server) Close() error {
 	srv.mu.Lock()
-	listeners, _ := srv.beginCloseLocked()
+	listeners := srv.beginCloseLocked()
 	for s := range srv.sessions {
 		s.phase = phaseClosed
 		listeners = append(listeners, s.conn)
 	}
 	clear(srv.sessions)
 	srv.mu.Unlock()
-	closeAll(listeners, nil)
+	closeAll(listeners)
 	return nil
 }
 
 // beginCloseLocked ends every session, promoting nobody, and returns the
-// listeners to close and the sessions whose writes to cut (cutLocked).
-func (srv *Server) beginCloseLocked() (listeners []io.Closer, cut []*session) {
+// listeners to close.
+func (srv *Server) beginCloseLocked() (listeners []io.Closer) {
 	srv.initLocked()
 	if !srv.closing.Swap(true) {
 		close(srv.done)
@@ -282,31 +283,23 @@ func (srv *Server) beginCloseLocked() (listeners []io.Closer, cut []*session) {
 		listeners = append(listeners, l)
 	}
 	for s := range srv.sessions {
-		if s.phase < phaseEnding {
-			srv.stopLocked(s, ErrShuttingDown)
-			if srv.cutLocked(s) {
-				cut = append(cut, s)
-			}
-		}
+		srv.stopLocked(s, ErrShuttingDown)
 	}
-	return listeners, cut
+	return listeners
 }
 
 // closeAll closes cs without TLS's close_notify, which may wait on a
-// client that does not read, and cuts the writes of sessions.
-func closeAll(cs []io.Closer, sessions []*session) {
+// client that does not read.
+func closeAll(cs []io.Closer) {
 	for _, c := range cs {
 		if tc, ok := c.(*tls.Conn); ok {
 			c = tc.NetConn()
 		}
 		c.Close()
 	}
-	for _, s := range sessions {
-		s.conn.SetWriteDeadline(time.Unix(1, 0))
-	}
 }
 
-func closeConn(c net.Conn) { closeAll([]io.Closer{c}, nil) }
+func closeConn(c net.Conn) { closeAll([]io.Closer{c}) }
 
 // Why a session ended, besides the errors it sent and the I/O errors.
 var (
@@ -397,17 +390,19 @@ func (s *session) acquire() (time.Time, error) {
 		if denied {
 			srv.infoLimited(&srv.denialLog, "ACQUIRE not authorized", "identity", s.identity, "lock", f.Name, "remote", s.remote)
 		}
+		srv.wg.Done()
 		return time.Time{}, errEndedHere
 	}
 	s.lease = time.Duration(f.LeaseMS) * time.Millisecond
 	beats, bad := s.scan() // decided with the ACQUIRE: the same answers however segmented
 	srv.mu.Lock()
-	if err := srv.joinLocked(s, read); err != nil {
-		srv.mu.Unlock()
-		return time.Time{}, err
+	why := srv.joinLocked(s, read) // refused (Shutdown, the lease) or joined:
+	if why == nil {
+		why = srv.heartbeatLocked(s, beats, read, bad)
 	}
-	if why := srv.heartbeatLocked(s, beats, read, bad); why != nil {
+	if why != nil { // its end decided with it
 		s.endOwnLocked(why)
+		srv.wg.Done()
 		return time.Time{}, errEndedHere
 	}
 	s.drainOwnLocked(true)
@@ -458,6 +453,7 @@ func (s *session) run(deadline time.Time) {
 		srv.mu.Lock()
 		if why := srv.heartbeatLocked(s, beats, now, bad); why != nil {
 			s.endOwnLocked(why) // in the same critical section: no promotion between
+			srv.wg.Done()
 			return
 		}
 		s.drainOwnLocked(true)
@@ -489,26 +485,24 @@ func (s *session) scan() (beats int, bad error) {
 func (s *session) end(why error) {
 	s.srv.mu.Lock()
 	s.endOwnLocked(why)
+	s.srv.wg.Done()
 }
 
-// endOwnLocked is end with srv.mu held, which it releases.
+// endOwnLocked is end with srv.mu held, which it releases, but for the
+// retirement (wg.Done), which its caller does when it is done.
 func (s *session) endOwnLocked(why error) {
 	srv := s.srv
 	grants := srv.counts.Grants
-	cut := srv.endLocked(s, why) && s.final == nil && srv.cutLocked(s) // a word-less end (rule 5)
+	srv.endLocked(s, why)
 	if srv.counts.Grants != grants {
 		srv.mu.Unlock()
 		runtime.Gosched()
 		srv.mu.Lock()
 	}
 	s.drainOwnLocked(true)
-	if cut {
-		closeAll(nil, []*session{s})
-	}
 	if log := srv.log(); log.Enabled(context.Background(), slog.LevelDebug) { // no allocations per session otherwise
 		log.Debug("session ended", "remote", s.remote, "lock", s.name, "why", why)
 	}
-	srv.wg.Done()
 }
 
 // Identity is the first URI SAN of a verified client certificate, else its
@@ -625,8 +619,7 @@ func (srv *Server) endLocked(s *session, why error) bool {
 	if _, ok := codeOf(why); ok {
 		s.final = why
 	} else { // an end without a word: nothing more is written
-		s.owedWaiting, s.owedAcquired = 0, 0
-		s.stopped.Store(true)
+		s.dropLocked()
 	}
 	l := s.lock
 	if l == nil {
@@ -656,9 +649,22 @@ func (srv *Server) endLocked(s *session, why error) bool {
 // failed write, a promoter.
 func (srv *Server) stopLocked(s *session, why error) {
 	if s.phase < phaseEnding {
-		s.owedWaiting, s.owedAcquired = 0, 0
-		s.stopped.Store(true)
+		s.dropLocked()
 		srv.endLocked(s, why)
+	}
+}
+
+// dropLocked drops what s was owed and not yet taken, and keeps a write
+// taken before from beginning (rule 5): the writer checks stopped after
+// setting its deadline, and the past deadline set here fails a write that
+// passed the check before its first byte. Not over TLS, which keeps a
+// write error for good and would lose the final ERROR: there a write that
+// passed its check an instant before may still begin.
+func (s *session) dropLocked() {
+	s.owedWaiting, s.owedAcquired = 0, 0
+	s.stopped.Store(true)
+	if _, isTLS := s.conn.(*tls.Conn); s.writing && !isTLS {
+		s.conn.SetWriteDeadline(time.Unix(1, 0))
 	}
 }
 
@@ -757,7 +763,7 @@ func (s *session) drainLocked(own bool) {
 		switch code, _ := codeOf(fin); {
 		case err == nil && fin != nil:
 			srv.counts.Errors[code]++
-		case err != nil && n == 0 && isTimeout(err) && time.Now().Before(due): // cut
+		case err != nil && n == 0 && isTimeout(err) && s.stopped.Load() && !stopped: // cut
 			s.final = cmp.Or(s.final, fin)
 		case err != nil:
 			alive := s.phase == phaseWaiting || s.phase == phaseHolding // then lease is set
@@ -1005,19 +1011,7 @@ func (srv *Server) kick(name, event string, find func(*lock) (*session, error)) 
 	info := s.infoLocked()
 	srv.emitLocked(Event{Type: event, Token: info.Token}, s)
 	srv.stopLocked(s, ErrClosedByAdmin)
-	cut := srv.cutLocked(s)
 	srv.wakeLocked(s)
 	srv.mu.Unlock()
-	if cut {
-		closeAll(nil, []*session{s})
-	}
 	return info, nil
-}
-
-// cutLocked, right after stopLocked(s), reports whether the caller must
-// set a past write deadline once unlocked (rule 5). Not over TLS, which
-// keeps a write error for good and would lose the final ERROR.
-func (srv *Server) cutLocked(s *session) bool {
-	_, isTLS := s.conn.(*tls.Conn)
-	return s.writing && !isTLS
 }
