@@ -121,11 +121,14 @@ type processStats struct {
 
 func readProcessStats() processStats {
 	var p processStats
-	if d, err := os.Open("/proc/self/fd"); err == nil {
-		// Readdirnames, unlike ReadDir, neither sorts nor stats: a scrape
-		// with tens of thousands of sessions stays cheap. The count includes
-		// the descriptor of the directory itself, as other exporters' does.
-		names, err := d.Readdirnames(-1)
+	// Linux 6.2 and later give the count as the directory's size, at once;
+	// listing it instead takes about a microsecond a descriptor (10 ms with
+	// 10,000 sessions), which older kernels pay. The listing counts the
+	// descriptor that reads it, as other exporters' counts do.
+	if fi, err := os.Stat("/proc/self/fd"); err == nil && fi.Size() > 0 {
+		p.openFDs, p.hasOpen = uint64(fi.Size()), true
+	} else if d, err := os.Open("/proc/self/fd"); err == nil {
+		names, err := d.Readdirnames(-1) // unsorted, no stat
 		d.Close()
 		if err == nil {
 			p.openFDs, p.hasOpen = uint64(len(names)), true
