@@ -436,6 +436,33 @@ func TestRulesAndDashboardUseServedMetrics(t *testing.T) {
 			}
 		}
 	}
+	// Every family served is in the README's metrics table, and every one
+	// there is served (this server has every option that adds one).
+	readme, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, table, _ := strings.Cut(string(readme), "\n| metric | type | what it counts |\n")
+	table, _, _ = strings.Cut(table, "\n\n")
+	documented := map[string]bool{}
+	for _, row := range strings.Split(table, "\n") {
+		cell, _, _ := strings.Cut(strings.TrimPrefix(row, "| "), " |")
+		for _, m := range regexp.MustCompile("`([a-z_:]+)[{`]").FindAllStringSubmatch(cell, -1) {
+			documented[m[1]] = true
+		}
+	}
+	served := map[string]bool{}
+	for _, m := range regexp.MustCompile(`(?m)^# TYPE (\S+) `).FindAllStringSubmatch(body, -1) {
+		served[m[1]] = true
+		if !documented[m[1]] {
+			t.Errorf("%s is served but not in the README's metrics table", m[1])
+		}
+	}
+	for name := range documented {
+		if !served[name] {
+			t.Errorf("the README's metrics table has %s, which is not served", name)
+		}
+	}
 	if len(checked) < 15 {
 		t.Errorf("only %d metrics checked: is the parsing broken?", len(checked))
 	}
