@@ -9,6 +9,7 @@ import (
 	"crypto/x509"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
@@ -469,4 +470,69 @@ func TestRulesAndDashboardUseServedMetrics(t *testing.T) {
 	if t.Failed() {
 		t.Logf("metrics:\n%s", body)
 	}
+}
+
+// The age gauges come from the events' table of holds, and from the
+// server's whole table once an event was dropped: both ways agree.
+func TestAgesFromTheEventsAgreeWithTheLockTable(t *testing.T) {
+	srv := &monolock.Server{Logger: slog.New(slog.DiscardHandler)}
+	o := &ops{srv: srv, started: time.Now()}
+	srv.OnEvent = o.event
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Serve(l)
+	t.Cleanup(func() { srv.Close() })
+	addr := l.Addr().String()
+	settled := func(held int) {
+		t.Helper()
+		for deadline := time.Now().Add(wait); ; time.Sleep(5 * time.Millisecond) {
+			names, _ := o.holds.snapshot()
+			if len(names) == held {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("the table of holds has %v, want %d locks", names, held)
+			}
+		}
+	}
+	compare := func(when string, wantHold, wantWait bool) {
+		t.Helper()
+		st := srv.Stats()
+		now := time.Now()
+		hold, wait := o.ages(now, st)
+		st.EventsDropped = 1 // the server's whole table
+		tableHold, tableWait := o.ages(now, st)
+		if (hold > 0) != wantHold || (wait > 0) != wantWait || (hold-tableHold).Abs() > 5*time.Millisecond || wait != tableWait {
+			t.Errorf("%s: from the events hold %v wait %v, from the table hold %v wait %v; want a hold: %v, a wait: %v",
+				when, hold, wait, tableHold, tableWait, wantHold, wantWait)
+		}
+	}
+	compare("idle", false, false)
+	a, _ := rawAcquire(t, addr, "x", time.Minute)
+	time.Sleep(30 * time.Millisecond)
+	b, _ := rawAcquire(t, addr, "y", time.Minute)
+	c, f := rawAcquire(t, addr, "y", time.Minute)
+	if f.Type != monolock.TypeWaiting {
+		t.Fatalf("got %+v, want WAITING", f)
+	}
+	time.Sleep(20 * time.Millisecond)
+	d, _ := rawAcquire(t, addr, "x", time.Minute) // queued after y's waiter: not the longest wait
+	e, _ := rawAcquire(t, addr, "y", time.Minute) // second in y's queue
+	settled(2)
+	compare("two held, three waiting", true, true)
+	a.Close() // x's waiter is promoted
+	for deadline := time.Now().Add(wait); srv.Stats().Waiters != 2; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("x's waiter was never promoted")
+		}
+	}
+	settled(2)
+	compare("x handed over", true, true)
+	for _, c := range []*rawClient{b, c, d, e} {
+		c.Close()
+	}
+	settled(0)
+	compare("all released", false, false)
 }
