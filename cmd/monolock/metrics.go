@@ -122,11 +122,14 @@ func (h *holdTable) snapshot() (names []string, oldest time.Time) {
 
 // ages returns how long the oldest current holder has held its lock and
 // how long the longest current waiter has waited: 0 when there is none.
-// The head of each queue is its longest waiter; a lock with waiters has a
-// holder, so only held locks are looked at, one at a time, and only when
-// someone waits. Once the server has dropped an event, the table of holds
-// may be wrong, and the server's whole table is read instead. A lock
-// granted in the last instant may be missed until its event is delivered.
+// The oldest hold comes from the table of holds. The longest waiter is the
+// head of some held lock's queue; once found, it stays the longest for as
+// long as it waits, since every waiter queued later is newer (to within
+// the milliseconds the look took), so a scrape looks at its lock alone,
+// and at every held lock's queue, one lock at a time, only when it has
+// left. Once the server has dropped an event, the table of holds may be
+// wrong, and the server's whole table is read instead. A lock granted in
+// the last instant may be missed until its event is delivered.
 func (o *ops) ages(now time.Time, st monolock.Stats) (hold, wait time.Duration) {
 	if st.EventsDropped > 0 {
 		for _, l := range o.srv.Locks() {
@@ -143,15 +146,37 @@ func (o *ops) ages(now time.Time, st monolock.Stats) (hold, wait time.Duration) 
 	if !oldest.IsZero() {
 		hold = max(0, now.Sub(oldest))
 	}
+	o.longest.mu.Lock()
+	defer o.longest.mu.Unlock()
+	c := &o.longest
 	if st.Waiters == 0 {
+		c.lock = ""
 		return hold, 0
+	}
+	if c.lock != "" {
+		if l, ok := o.srv.Lock(c.lock); ok && len(l.Waiters) > 0 && l.Waiters[0].RemoteAddr == c.addr && l.Waiters[0].Since.Equal(c.since) {
+			return hold, max(0, now.Sub(c.since))
+		}
+		c.lock = ""
 	}
 	for _, name := range names {
 		if l, ok := o.srv.Lock(name); ok && len(l.Waiters) > 0 {
-			wait = max(wait, now.Sub(l.Waiters[0].Since))
+			if head := l.Waiters[0]; c.lock == "" || head.Since.Before(c.since) {
+				c.lock, c.addr, c.since = name, head.RemoteAddr, head.Since
+			}
 		}
 	}
-	return hold, wait
+	if c.lock == "" {
+		return hold, 0
+	}
+	return hold, max(0, now.Sub(c.since))
+}
+
+// longestWaiter is the longest waiter the last look found.
+type longestWaiter struct {
+	mu         sync.Mutex
+	lock, addr string // lock "": none known
+	since      time.Time
 }
 
 // certificateExpiry is the NotAfter of the certificate the protocol port

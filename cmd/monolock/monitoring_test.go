@@ -529,8 +529,16 @@ func TestAgesFromTheEventsAgreeWithTheLockTable(t *testing.T) {
 		}
 	}
 	settled(2)
-	compare("x handed over", true, true)
-	for _, c := range []*rawClient{b, c, d, e} {
+	compare("x handed over", true, true) // the longest waiter is still y's first
+	b.Close()                            // and now it is promoted: the next look finds e
+	for deadline := time.Now().Add(wait); srv.Stats().Waiters != 1; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("y's waiter was never promoted")
+		}
+	}
+	settled(2)
+	compare("y handed over", true, true)
+	for _, c := range []*rawClient{c, d, e} {
 		c.Close()
 	}
 	settled(0)

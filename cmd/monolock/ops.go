@@ -29,6 +29,7 @@ type ops struct {
 
 	waitHist, holdHist histogram // fed by event
 	holds              holdTable // likewise
+	longest            longestWaiter
 }
 
 // opsHandler serves /healthz, /readyz and /metrics.
