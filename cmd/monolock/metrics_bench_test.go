@@ -76,9 +76,19 @@ func BenchmarkScrape(b *testing.B) {
 	time.Sleep(2 * time.Second)
 	// Back to back, a scrape's garbage makes the next scrapes pay GC with
 	// 10,000 goroutines' stacks to scan; one scrape every 50 ms is closer to
-	// what Prometheus does (one every 15 s, often 1 s).
-	for _, gap := range []time.Duration{0, 50 * time.Millisecond} {
-		b.Run("gap="+gap.String(), func(b *testing.B) {
+	// what Prometheus does (one every 15 s, often 1 s). With "leaves", the
+	// longest waiter is promoted before each scrape (its lock's holder
+	// closes), so every scrape looks at every held lock's queue: the worst
+	// case. The waiters queued in order, the first of lock-0 first, then
+	// the first of lock-1, and so on.
+	next := 0
+	for _, mode := range []struct {
+		name   string
+		gap    time.Duration
+		leaves bool
+	}{{"gap=0s", 0, false}, {"gap=50ms", 50 * time.Millisecond, false}, {"gap=50ms,leaves", 50 * time.Millisecond, true}} {
+		gap := mode.gap
+		b.Run(mode.name, func(b *testing.B) {
 			var took []time.Duration
 			cpu := func() float64 {
 				_, after, _ := strings.Cut(string(get()), "\nprocess_cpu_seconds_total ")
@@ -89,6 +99,13 @@ func BenchmarkScrape(b *testing.B) {
 			for b.Loop() {
 				if gap > 0 {
 					b.StopTimer()
+					if mode.leaves {
+						if next == holders {
+							b.Fatal("every first waiter has been promoted")
+						}
+						conns[next].Close()
+						next++
+					}
 					time.Sleep(gap)
 					b.StartTimer()
 				}
