@@ -15,7 +15,7 @@ import (
 // durationBuckets are the upper bounds, in seconds, of the wait and hold
 // histograms: from an immediate grant (well under a millisecond) to a
 // nightly job's hour. Beyond the hour, only _sum and _count say anything.
-var durationBuckets = []float64{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+var durationBuckets = [...]float64{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
 	1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600}
 
 // histogram counts durations into durationBuckets. The zero value is ready.
@@ -24,8 +24,8 @@ var durationBuckets = []float64{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.
 // _count is always the +Inf bucket.
 type histogram struct {
 	mu     sync.Mutex
-	counts [21]uint64 // one per bound, then +Inf; not cumulative
-	sum    float64    // seconds: a Duration would overflow after 292 years of holds, summed over every lock
+	counts [len(durationBuckets) + 1]uint64 // one per bound, then +Inf; not cumulative
+	sum    float64                          // seconds: a Duration would overflow after 292 years of holds, summed over every lock
 }
 
 func (h *histogram) observe(d time.Duration) {
