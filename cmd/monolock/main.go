@@ -131,7 +131,7 @@ func serve(args []string, stdout, stderr io.Writer) int {
 	logger := slog.New(handler)
 
 	srv := &monolock.Server{IOTimeout: *ioTimeout, Logger: logger}
-	o := &ops{srv: srv, started: time.Now(), config: map[string]any{
+	o := &ops{srv: srv, started: time.Now(), sec: &sec, config: map[string]any{
 		"listen": *listen, "ops_listen": *opsListen, "admin_listen": *adminListen,
 		"io_timeout_ms": ioTimeout.Milliseconds(), "log_level": level.String(), "log_format": format.value,
 		"audit_log": *auditPath, "tls": sec.certFile != "", "mtls": sec.clientCAFile != "", "acl_file": sec.aclFile,
@@ -142,8 +142,8 @@ func serve(args []string, stdout, stderr io.Writer) int {
 			return fail(2, "%v", err)
 		}
 		o.audit = audit
-		srv.OnEvent = audit.event
 	}
+	srv.OnEvent = o.event // the histograms, and the audit log if any
 	if sec.aclFile != "" {
 		srv.Authorize = sec.authorize
 	}

@@ -73,13 +73,13 @@ func (s *server) takeLog(text string) bool {
 	return true
 }
 
-func start(t *testing.T, env []string, args ...string) *server {
+func start(t testing.TB, env []string, args ...string) *server {
 	t.Helper()
 	return startWithStdout(t, nil, env, args...)
 }
 
 // startWithStdout is start with the server's stdout on a file of the test.
-func startWithStdout(t *testing.T, stdout *os.File, env []string, args ...string) *server {
+func startWithStdout(t testing.TB, stdout *os.File, env []string, args ...string) *server {
 	t.Helper()
 	return startExe(t, binary, stdout, env, args...)
 }

@@ -24,7 +24,12 @@ type ops struct {
 	started  time.Time
 	stopping atomic.Bool // from the moment shutdown begins
 	audit    *auditLog   // nil without -audit-log
+	sec      *security   // for the certificate's expiry; nil in tests that need none
 	config   map[string]any
+
+	waitHist, holdHist histogram // fed by event
+	holds              holdTable // likewise
+	longest            longestWaiter
 }
 
 // opsHandler serves /healthz, /readyz and /metrics.
@@ -54,6 +59,7 @@ func (o *ops) writeMetrics(w io.Writer) {
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
 	var b strings.Builder
+	b.Grow(16 << 10) // the whole exposition, at once
 	family := func(name, typ, help string, samples ...string) {
 		fmt.Fprintf(&b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, typ)
 		for _, s := range samples {
@@ -101,22 +107,57 @@ func (o *ops) writeMetrics(w io.Writer) {
 	}
 	family("monolock_hold_seconds", "summary", "Time from grant to release, over every release.",
 		"_sum"+value(st.HoldTotal.Seconds()), "_count"+uvalue(held))
+	// The histograms count what OnEvent was told: all of it, unless events
+	// were dropped (monolock_events_dropped_total).
+	family("monolock_wait_duration_seconds", "histogram", "Time from ACQUIRE to grant, over every grant.", o.waitHist.samples()...)
+	family("monolock_hold_duration_seconds", "histogram", "Time from grant to release, over every release.", o.holdHist.samples()...)
+	family("monolock_events_dropped_total", "counter", "Server events never delivered (the queue to the event hook was full): missing from the histograms and the audit log.", uvalue(st.EventsDropped))
+	oldestHold, oldestWait := o.ages(time.Now(), st)
+	family("monolock_oldest_hold_seconds", "gauge", "How long the longest current holder has held its lock; 0 when no lock is held.", value(oldestHold.Seconds()))
+	family("monolock_oldest_wait_seconds", "gauge", "How long the longest current waiter has waited; 0 when nobody waits.", value(oldestWait.Seconds()))
 	if o.audit != nil {
-		family("monolock_audit_write_errors_total", "counter", "Audit log lines that could not be written.", uvalue(o.audit.errors.Load()))
-		family("monolock_audit_dropped_total", "counter", "Audit log lines dropped because the queue to a slow or stalled sink was full.", uvalue(o.audit.dropped.Load()))
+		errs, dropped := o.audit.errors.Load(), o.audit.dropped.Load()
+		family("monolock_audit_write_errors_total", "counter", "Audit log lines that could not be written.", uvalue(errs))
+		family("monolock_audit_dropped_total", "counter", "Audit log lines dropped because the queue to a slow or stalled sink was full.", uvalue(dropped))
+		family("monolock_audit_lines_lost_total", "counter", "Audit log lines lost, by reason: the queue to the sink was full, the write failed, or the server dropped the event before the audit log saw it.",
+			label("reason", "queue_full")+uvalue(dropped), label("reason", "write_error")+uvalue(errs), label("reason", "event_dropped")+uvalue(st.EventsDropped))
 		family("monolock_audit_queued_lines", "gauge", "Audit log lines waiting to be written.", value(float64(o.audit.queued.Load())))
 	}
+	if notAfter, ok := o.certificateExpiry(); ok {
+		family("monolock_tls_certificate_expiry_timestamp_seconds", "gauge", "When the certificate the protocol port serves expires (after the last reload), in Unix seconds.", value(float64(notAfter.Unix())))
+	}
+	ready := 1.0
+	if o.stopping.Load() {
+		ready = 0
+	}
+	family("monolock_ready", "gauge", "1 while /readyz answers 200, 0 from the moment shutdown begins.", value(ready))
 	family("monolock_build_info", "gauge", "Always 1; the labels say which build serves, as /api/info does.", readBuildInfo().metricLabels()+" 1")
 	family("go_goroutines", "gauge", "Goroutines that currently exist.", value(float64(runtime.NumGoroutine())))
 	family("go_heap_alloc_bytes", "gauge", "Bytes of allocated heap objects.", uvalue(ms.HeapAlloc))
 	family("go_gc_cycles_total", "counter", "Completed garbage collection cycles.", uvalue(uint64(ms.NumGC)))
+	family("process_start_time_seconds", "gauge", "When the server started, in Unix seconds.", value(float64(o.started.UnixMilli())/1000))
+	p := readProcessStats()
+	if p.hasOpen {
+		family("process_open_fds", "gauge", "Open file descriptors.", uvalue(p.openFDs))
+	}
+	if p.hasMax {
+		family("process_max_fds", "gauge", "The limit on open file descriptors (RLIMIT_NOFILE, soft).", uvalue(p.maxFDs))
+	}
+	if p.hasCPU {
+		family("process_cpu_seconds_total", "counter", "User and system CPU time spent, in seconds.", value(p.cpu))
+	}
+	if p.hasRSS {
+		family("process_resident_memory_bytes", "gauge", "Resident memory, in bytes.", uvalue(p.rss))
+	}
 	io.WriteString(w, b.String())
 }
 
-// escapeLabel escapes a label value as the text format requires.
-func escapeLabel(s string) string {
-	return strings.NewReplacer(`\`, `\\`, `"`, `\"`, "\n", `\n`).Replace(s)
-}
+// escapeLabel escapes a label value as the text format requires. The
+// replacer is built once: building one allocates about 6 KiB, which every
+// label of every scrape paid.
+func escapeLabel(s string) string { return labelEscaper.Replace(s) }
+
+var labelEscaper = strings.NewReplacer(`\`, `\\`, `"`, `\"`, "\n", `\n`)
 
 // The admin API's JSON. A holder and a waiter are described with the
 // documented names: a waiter's time is queued_at, a holder's since.

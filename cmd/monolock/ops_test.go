@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/http"
 	"net/url"
@@ -105,31 +106,52 @@ func metrics(t *testing.T, s *server) (map[string]float64, string) {
 var (
 	metricName  = `[a-zA-Z_:][a-zA-Z0-9_:]*`
 	helpLine    = regexp.MustCompile(`^# HELP (` + metricName + `) \S.*$`)
-	typeLine    = regexp.MustCompile(`^# TYPE (` + metricName + `) (gauge|counter|summary)$`)
+	typeLine    = regexp.MustCompile(`^# TYPE (` + metricName + `) (gauge|counter|summary|histogram)$`)
 	sampleLine  = regexp.MustCompile(`^(` + metricName + `)(\{[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\\n]|\\["\\n])*"(?:,[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\\n]|\\["\\n])*")*\})? (\S+)$`)
+	labelPair   = regexp.MustCompile(`([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\\n]|\\["\\n])*)"`)
 	wantMetrics = []string{"monolock_connections_active", "monolock_locks_held", "monolock_waiters",
 		"monolock_acquires_total", "monolock_acl_denials_total", "monolock_releases_total",
 		"monolock_protocol_errors_total", "monolock_connections_accepted_total", "monolock_accept_errors_total",
 		"monolock_tls_handshake_errors_total", "monolock_heartbeats_total", "monolock_wait_seconds",
-		"monolock_hold_seconds", "monolock_acquire_requests_total", "monolock_build_info", "go_goroutines", "go_heap_alloc_bytes", "go_gc_cycles_total"}
+		"monolock_hold_seconds", "monolock_acquire_requests_total", "monolock_build_info", "go_goroutines", "go_heap_alloc_bytes", "go_gc_cycles_total",
+		"monolock_wait_duration_seconds", "monolock_hold_duration_seconds", "monolock_events_dropped_total",
+		"monolock_oldest_hold_seconds", "monolock_oldest_wait_seconds", "monolock_ready", "process_start_time_seconds"}
 )
+
+// sample is one parsed line of the exposition.
+type sample struct {
+	name   string
+	labels map[string]string
+	value  float64
+}
 
 // checkExposition validates the text format line by line: every sample
 // belongs to a family announced by HELP then TYPE, counters end in
-// _total, summaries have _sum and _count, labels are quoted and escaped,
-// values are numbers.
-func checkExposition(t *testing.T, body string) {
+// _total, summaries have _sum and _count, histograms _bucket (cumulative,
+// ending in +Inf, equal to _count), _sum and _count; labels are quoted and
+// escaped, values are numbers. It returns the samples.
+func checkExposition(t *testing.T, body string) []sample {
 	t.Helper()
 	if !strings.HasSuffix(body, "\n") {
 		t.Fatal("exposition does not end with a newline")
 	}
 	types := map[string]string{}
 	var help, family string
+	var samples []sample
+	// The histogram being read: its last bucket's bound and count.
+	var lastLE, lastBucket float64
+	var sawInf bool
+	endHistogram := func(n int) {
+		if types[family] == "histogram" && !sawInf {
+			t.Fatalf("line %d: histogram %s has no +Inf bucket", n, family)
+		}
+	}
 	for n, line := range strings.Split(strings.TrimSuffix(body, "\n"), "\n") {
 		if m := helpLine.FindStringSubmatch(line); m != nil {
 			if _, seen := types[m[1]]; seen {
 				t.Fatalf("line %d: family %s announced twice", n+1, m[1])
 			}
+			endHistogram(n + 1)
 			help = m[1]
 			continue
 		}
@@ -141,31 +163,67 @@ func checkExposition(t *testing.T, body string) {
 				t.Fatalf("line %d: counter %s does not end in _total", n+1, m[1])
 			}
 			family, types[m[1]] = m[1], m[2]
+			lastLE, lastBucket, sawInf = math.Inf(-1), 0, false
 			continue
 		}
 		m := sampleLine.FindStringSubmatch(line)
 		if m == nil {
 			t.Fatalf("line %d is not valid exposition text: %q", n+1, line)
 		}
-		name := m[1]
-		if types[family] == "summary" {
-			name = strings.TrimSuffix(strings.TrimSuffix(name, "_sum"), "_count")
-			if name == m[1] {
-				t.Fatalf("line %d: summary sample %s is neither _sum nor _count", n+1, m[1])
+		s := sample{name: m[1], labels: map[string]string{}}
+		for _, l := range labelPair.FindAllStringSubmatch(m[2], -1) {
+			if _, dup := s.labels[l[1]]; dup {
+				t.Fatalf("line %d: label %s twice", n+1, l[1])
 			}
+			s.labels[l[1]] = l[2]
 		}
-		if name != family {
-			t.Fatalf("line %d: sample %s outside its family (%s)", n+1, m[1], family)
-		}
-		if _, err := strconv.ParseFloat(m[3], 64); err != nil {
+		v, err := strconv.ParseFloat(m[3], 64)
+		if err != nil {
 			t.Fatalf("line %d: value %q", n+1, m[3])
 		}
+		s.value = v
+		name := s.name
+		switch types[family] {
+		case "summary":
+			name = strings.TrimSuffix(strings.TrimSuffix(name, "_sum"), "_count")
+			if name == s.name {
+				t.Fatalf("line %d: summary sample %s is neither _sum nor _count", n+1, s.name)
+			}
+		case "histogram":
+			switch {
+			case name == family+"_bucket":
+				le, err := strconv.ParseFloat(s.labels["le"], 64)
+				switch {
+				case err != nil:
+					t.Fatalf("line %d: bucket bound le=%q", n+1, s.labels["le"])
+				case sawInf || le <= lastLE:
+					t.Fatalf("line %d: bucket le=%q after le=%v: bounds must rise, +Inf last", n+1, s.labels["le"], lastLE)
+				case v < lastBucket:
+					t.Fatalf("line %d: bucket %v below the one before (%v): buckets are cumulative", n+1, v, lastBucket)
+				}
+				lastLE, lastBucket, sawInf = le, v, math.IsInf(le, 1)
+			case name == family+"_sum":
+			case name == family+"_count":
+				if !sawInf || v != lastBucket {
+					t.Fatalf("line %d: %s = %v, want the +Inf bucket's %v after it", n+1, name, v, lastBucket)
+				}
+			default:
+				t.Fatalf("line %d: histogram sample %s is not _bucket, _sum or _count", n+1, name)
+			}
+			name = family
+		}
+		if name != family {
+			t.Fatalf("line %d: sample %s outside its family (%s)", n+1, s.name, family)
+		}
+		samples = append(samples, s)
 	}
+	endHistogram(-1)
 	for _, name := range wantMetrics {
 		if types[name] == "" {
 			t.Errorf("metric %s missing", name)
 		}
 	}
+	return samples
 }
 
 func TestMetricsAfterAScriptedScenario(t *testing.T) {
