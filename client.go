@@ -71,8 +71,8 @@ func (c *Client) Do(ctx context.Context, name string, lease time.Duration, fn fu
 // and codes below 0x10: at once after 0x01 (another server may listen),
 // else after [base, 1.5×base), base 100ms doubling to 5s (the jitter keeps
 // clients out of step). Invalid input, codes from 0x10, a protocol
-// violation, a certificate that does not verify and the end of ctx return
-// at once. fn runs at most once.
+// violation, a server certificate that does not verify, a TLS alert from
+// the server and the end of ctx return at once. fn runs at most once.
 func (c *Client) DoRetry(ctx context.Context, name string, lease time.Duration, fn func(ctx context.Context, token uint64) error) error {
 	backoff := 100 * time.Millisecond
 	for attempt, again := 1, false; ; attempt++ {
@@ -82,8 +82,11 @@ func (c *Client) DoRetry(ctx context.Context, name string, lease time.Duration, 
 		}
 		var se *ServerError
 		wait := backoff + rand.N(backoff/2)
+		var alert *net.OpError // a TLS alert from the server: it refused our certificate
 		switch isServerErr := errors.As(err, &se); {
-		case errors.As(err, new(*tls.CertificateVerificationError)), ctx.Err() != nil:
+		case ctx.Err() != nil:
+			return ctxErr(ctx)
+		case errors.As(err, new(*tls.CertificateVerificationError)), errors.As(err, &alert) && alert.Op == "remote error":
 			return err
 		case isServerErr && se.Code == CodeShuttingDown && !again:
 			wait = 0 // at once, but only once in a row: a server may say it forever
@@ -160,11 +163,17 @@ func (c *Client) acquire(ctx context.Context, name string, lease time.Duration, 
 	return nil, ctxErr(ctx)
 }
 
-// ended reports whether ctx has ended, waiting at its deadline for the end
-// a moment later: a dialer may return its own error in between.
+// ended reports whether ctx has ended, waiting at its deadline (a second
+// at most) for the end a moment later: a dialer may return its own error
+// in between.
 func ended(ctx context.Context) bool {
 	if d, ok := ctx.Deadline(); ok && !time.Now().Before(d) {
-		<-ctx.Done()
+		t := time.NewTimer(time.Second)
+		defer t.Stop()
+		select {
+		case <-ctx.Done():
+		case <-t.C:
+		}
 	}
 	return ctx.Err() != nil
 }

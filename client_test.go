@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -1756,3 +1757,115 @@ type lateContext struct {
 }
 
 func (c lateContext) Deadline() (time.Time, bool) { return c.deadline, true }
+
+// (Review of issue 25.) ended(ctx) waits on ctx.Done() once ctx's deadline has passed. A
+// context whose deadline has passed but that is not (yet) done, the test
+// file's own lateContext over a context that never ends, makes any dial
+// error hang Do forever (before issue 25 Do returned ErrDial at once); it
+// now waits a second at most.
+func TestDialErrorUnderAPassedDeadlineThatNeverEndsReturns(t *testing.T) {
+	refused, _ := net.Listen("tcp", "127.0.0.1:0")
+	refused.Close()
+	ctx := lateContext{context.Background(), time.Now().Add(-time.Millisecond)}
+	done := make(chan error, 1)
+	go func() {
+		done <- New(Config{Address: refused.Addr().String()}).Do(ctx, "x", time.Second,
+			func(context.Context, uint64) error { return nil })
+	}()
+	select {
+	case err := <-done:
+		t.Logf("Do = %v", err)
+	case <-time.After(3 * time.Second):
+		t.Fatal("Do still blocked 3s after a refused dial (ended(ctx) waits on a Done that never closes)")
+	}
+}
+
+// (Review of issue 25.) The same in the claim: the connection closed before any reply, after
+// the context's (advisory) deadline passed, hangs Acquire forever.
+func TestClaimErrorUnderAPassedDeadlineThatNeverEndsReturns(t *testing.T) {
+	addr := fakeServer(t, func(c net.Conn) {
+		ReadFrame(c)
+		time.Sleep(200 * time.Millisecond)
+	}) // then closes
+	ctx := lateContext{context.Background(), time.Now().Add(50 * time.Millisecond)}
+	done := make(chan error, 1)
+	go func() {
+		_, err := New(Config{Address: addr}).Acquire(ctx, "x", time.Minute)
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		t.Logf("Acquire = %v", err)
+	case <-time.After(3 * time.Second):
+		t.Fatal("Acquire still blocked 3s after the server closed the connection")
+	}
+}
+
+// (Review of issue 25.) A client certificate that the server does not verify (mTLS) can never
+// succeed, yet DoRetry retries it until ctx ends and then returns only
+// ctx's error: the certificate problem is lost. The spec: "a TLS
+// certificate that does not verify return[s] at once".
+func TestClientCertificateRefusedByTheServerIsNotRetried(t *testing.T) {
+	serverCert := selfSigned(t)
+	ca := x509.NewCertPool()
+	leaf, _ := x509.ParseCertificate(serverCert.Certificate[0])
+	ca.AddCert(leaf) // clients must present a certificate signed by this; ours is not
+	tl, err := tls.Listen("tcp", "127.0.0.1:0", &tls.Config{Certificates: []tls.Certificate{serverCert},
+		ClientAuth: tls.RequireAndVerifyClientCert, ClientCAs: ca})
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := serveOn(t, &Server{}, tl)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	var retries []error
+	c := New(Config{Address: addr,
+		Dialer:  &tls.Dialer{Config: &tls.Config{InsecureSkipVerify: true, Certificates: []tls.Certificate{selfSigned(t)}}},
+		OnRetry: func(_ int, err error, _ time.Duration) { retries = append(retries, err) }})
+	err = c.DoRetry(ctx, "x", time.Second, func(context.Context, uint64) error { return nil })
+	if len(retries) > 0 || errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("DoRetry retried %d times (first: %v) and returned %v; want the certificate error at once",
+			len(retries), retries[0], err)
+	}
+}
+
+// (Review of issue 25.) DoRetry returns the attempt's own (retryable) error when ctx ends
+// between Acquire's return and its check of ctx.Err(): the caller, whose
+// ctx ended before DoRetry returned, gets ErrDial instead of ctx's error
+// and cause. The old code always went through the select, which returned
+// ctx's error. The dialer starts the cancel just before it fails, so that
+// the end of ctx falls near that window.
+func TestContextEndJustAfterAFailedAttemptIsCtxsError(t *testing.T) {
+	errCause := errors.New("the caller's cause")
+	errRefused := errors.New("refused")
+	var hits, runs int
+	for i := range 20000 {
+		ctx, cancel := context.WithCancelCause(context.Background())
+		spin := i % 64
+		c := New(Config{Address: "x", Dialer: dialerFunc(func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var started atomic.Bool
+			go func() {
+				started.Store(true)
+				for range spin {
+					runtime.Gosched()
+				}
+				cancel(errCause)
+			}()
+			for !started.Load() {
+			}
+			return nil, errRefused
+		})})
+		err := c.DoRetry(ctx, "x", time.Second, func(context.Context, uint64) error { return nil })
+		cancel(nil)
+		runs++
+		if !errors.Is(err, errCause) {
+			hits++
+			if hits == 1 {
+				t.Logf("run %d: DoRetry = %v (ErrDial: %v), though ctx had ended", i, err, errors.Is(err, ErrDial))
+			}
+		}
+	}
+	if hits > 0 {
+		t.Fatalf("%d of %d DoRetry calls returned the attempt's error, not ctx's, after ctx ended", hits, runs)
+	}
+}
