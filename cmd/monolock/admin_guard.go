@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"path"
 	"strings"
 )
 
@@ -23,6 +24,15 @@ func adminGuard(listen string, bound net.Addr, h http.Handler) http.Handler {
 	}))
 	inner := cop.Handler(h)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		// ServeMux would answer an unclean path (an empty or dot segment:
+		// an unencoded name "x/" or "./x") with a redirect, method and
+		// query kept, to another lock: a client that follows it would
+		// release or kick there.
+		if p := r.URL.Path; p != path.Clean(p) {
+			writeJSON(w, http.StatusBadRequest, map[string]string{
+				"error": fmt.Sprintf("path %q has an empty, . or .. segment: percent-encode a lock name that holds /, . or .. (url.PathEscape)", p)})
+			return
+		}
 		if !adminHostAllowed(r.Host, configured, port) {
 			writeJSON(w, http.StatusForbidden, map[string]string{
 				"error": fmt.Sprintf("Host %q is not this admin API's address: use an IP address or localhost (any port), or the host of -admin-listen with port %s", r.Host, port)})

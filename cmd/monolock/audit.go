@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"sync/atomic"
@@ -224,6 +225,9 @@ func (a *auditLog) write(f *os.File) {
 // Either way the line is counted as lost by the caller.
 func unwrite(f *os.File, n int) {
 	if fi, err := f.Stat(); err == nil && fi.Mode().IsRegular() && f.Truncate(fi.Size()-int64(n)) == nil {
+		// Without O_APPEND (stdout redirected with >) the offset stays past
+		// the cut, and the next line would follow a run of NUL bytes.
+		f.Seek(fi.Size()-int64(n), io.SeekStart)
 		return
 	}
 	f.Write([]byte{'\n'})

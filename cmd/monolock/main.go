@@ -57,6 +57,11 @@ Flags (a flag beats its environment variable, which beats the default):
 
 // serve runs the server until a signal and returns the exit status.
 func serve(args []string, stdout, stderr io.Writer) int {
+	// A SIGHUP during the start (a FIFO's reader awaited, a certificate
+	// reloader that is quick) waits for the reload that serving begins
+	// with, instead of ending the process by its default action.
+	hups := make(chan os.Signal, 1)
+	signal.Notify(hups, syscall.SIGHUP)
 	fs := flag.NewFlagSet("monolock", flag.ContinueOnError)
 	listen := fs.String("listen", "127.0.0.1:7070", "protocol `address` to listen on")
 	opsListen := fs.String("ops-listen", "", "`address` for /metrics, /healthz and /readyz (default off)")
@@ -202,8 +207,6 @@ func serve(args []string, stdout, stderr io.Writer) int {
 	signal.Ignore(syscall.SIGPIPE)
 	sigs := make(chan os.Signal, 2)
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
-	hups := make(chan os.Signal, 1)
-	signal.Notify(hups, syscall.SIGHUP)
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(l) }()
 	// Reloads run one at a time, apart from the signal loop: their log lines

@@ -86,7 +86,7 @@ func startWithStdout(t testing.TB, stdout *os.File, env []string, args ...string
 
 // startExe is startWithStdout with exe, which must exec the binary, in its
 // place: a shell script that sets a limit first.
-func startExe(t *testing.T, exe string, stdout *os.File, env []string, args ...string) *server {
+func startExe(t testing.TB, exe string, stdout *os.File, env []string, args ...string) *server {
 	t.Helper()
 	cmd := exec.Command(exe, append([]string{"-listen", "127.0.0.1:0"}, args...)...)
 	cmd.Env = append(os.Environ(), env...)

@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strconv"
+	"strings"
 	"syscall"
 )
 
@@ -19,7 +21,8 @@ image, where the server is process 1:
     kubectl exec deploy/monolock -- /monolock reload
     docker exec CONTAINER /monolock reload
 
-It signals only a process that runs this same monolock executable.
+It signals only a process that runs this same monolock executable as the
+server (not monolock run, which would pass the signal on to its command).
 
 Flags:
 `
@@ -65,6 +68,15 @@ func sameExecutable(pid int) error {
 	}
 	if !os.SameFile(self, other) {
 		return fmt.Errorf("it does not run this monolock executable (give the server's process id with -pid)")
+	}
+	// monolock run, locks and reload are this executable too, and run
+	// passes a SIGHUP on to its command: only the server is signalled.
+	cmdline, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline")
+	if err != nil {
+		return fmt.Errorf("cannot tell what it runs: %w", err)
+	}
+	if args := strings.Split(string(cmdline), "\x00"); len(args) > 1 && slices.Contains([]string{"run", "locks", "reload", "version"}, args[1]) {
+		return fmt.Errorf("it runs monolock %s, not the server (give the server's process id with -pid)", args[1])
 	}
 	return nil
 }

@@ -341,11 +341,14 @@ func runLocked(l *monolock.Lock, conn *heldConn, lease time.Duration, addr strin
 			stop := make(chan struct{})
 			defer close(stop)
 			go conn.heartbeat(lease, stop)
-			fmt.Fprintf(stderr, "monolock run: lock %q lost while %s ran: %s; sending SIGTERM to its process group, SIGKILL in %v\n",
-				l.Name(), command[0], printable(l.Err().Error()), grace)
 			syscall.Kill(group, syscall.SIGTERM)
 			continueGroup(group)
 			kill = time.After(grace)
+			// Said after the signal and off this loop: a stalled stderr
+			// (a full pipe, a terminal stopped with Ctrl-S) must not hold
+			// back the group's end, nor its SIGKILL.
+			go fmt.Fprintf(stderr, "monolock run: lock %q lost while %s ran: %s; sent SIGTERM to its process group, SIGKILL in %v\n",
+				l.Name(), command[0], printable(l.Err().Error()), grace)
 		case <-kill:
 			syscall.Kill(group, syscall.SIGKILL)
 		}

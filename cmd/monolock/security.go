@@ -111,7 +111,7 @@ func checkIdentity(cs tls.ConnectionState) error {
 		}
 	default:
 		if !isPlainName(cert.Subject.CommonName) {
-			return fmt.Errorf("client certificate's Common Name %q is not an identity: a CN identity must be a plain name (letters, digits, spaces, '-', '_', '.', '@'); put a URI identity in a URI SAN", cert.Subject.CommonName)
+			return fmt.Errorf("client certificate's Common Name %q is not an identity: a CN identity must be a plain name (letters, digits, spaces and ASCII punctuation, but no : / ? # %% or backslash); put a URI identity in a URI SAN", cert.Subject.CommonName)
 		}
 	}
 	return nil
@@ -127,11 +127,21 @@ func isHostName(s string) bool {
 	return s != ""
 }
 
-// isPlainName reports whether s is a name, not a URI or a path: nothing
-// that a URI needs (: / ? # % and the backslash) and no control character. "Doe, Jane" is
-// one. An empty CN is no identity at all, as without mutual TLS.
+// isPlainName reports whether s is a name, not a URI or a path: letters,
+// digits, combining marks, spaces and ASCII punctuation but for what a
+// URI needs (: / ? # % and the backslash). "Doe, Jane" is one; a
+// lookalike of ':' or '/', a format character (U+202E, U+200B) or a
+// control character is not. An empty CN is no identity at all, as without
+// mutual TLS.
 func isPlainName(s string) bool {
-	return !strings.ContainsAny(s, `:/?#%\`) && !strings.ContainsFunc(s, unicode.IsControl)
+	for _, r := range s {
+		ok := unicode.IsLetter(r) || unicode.IsDigit(r) || unicode.Is(unicode.Mn, r) || r == ' ' ||
+			r < 0x7f && (unicode.IsPunct(r) || unicode.IsSymbol(r)) && !strings.ContainsRune(`:/?#%\`, r)
+		if !ok {
+			return false
+		}
+	}
+	return true
 }
 
 // authorize is the server's Authorize hook: deny by default.
