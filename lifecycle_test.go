@@ -3489,3 +3489,70 @@ func TestCutWriteReturningAfterTheLeaseKeepsTheFinalError(t *testing.T) {
 			lease, at.Round(time.Millisecond), showFrames(got), st.Releases, st.Errors, &n.log)
 	}
 }
+
+// (Eighth review.) The cut of dropLocked lands on a write already under way
+// (some bytes taken, the rest not yet): Write returns n > 0 with a timeout,
+// drainLocked takes it for a failed write (its cut test wants n == 0) and
+// drops the final ERROR. The client gets half a frame and the end of the
+// stream, no ERROR 0x02 / 0x01, although nothing it sent is left unread
+// (no reset involved). protocol.md §4: "An administrator or a shutdown:
+// the ERROR (0x02 or 0x01), and before it only a frame whose write had
+// already begun". drainLocked now finishes the frame the cut was inside,
+// alone, then writes the ERROR.
+func TestCutInsideAFrameFinishesItBeforeTheFinalError(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		code Code
+		end  func(srv *Server, token uint64) error
+	}{
+		{"ForceRelease", 0x02, func(srv *Server, token uint64) error {
+			_, err := srv.ForceRelease("x", token)
+			return err
+		}},
+		{"Shutdown", 0x01, func(srv *Server, _ uint64) error {
+			go srv.Shutdown(context.Background())
+			return nil
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			l := newPipeListener()
+			srv := &Server{IOTimeout: 3 * time.Second}
+			serveOn(t, srv, l)
+			c := &raw{t: t, Conn: l.dial("holder")}
+			defer c.Close()
+			c.send(acquire("x", time.Minute))
+			token := c.expectAcquired()
+			c.sendBytes(bytes.Repeat([]byte{TypeHeartbeat}, 32)) // one read, one write of 288 bytes
+			head := make([]byte, 5)                              // the write is now under way
+			c.SetReadDeadline(time.Now().Add(wait))
+			if _, err := io.ReadFull(c, head); err != nil {
+				t.Fatalf("reading the first bytes of the answers: %v", err)
+			}
+			if err := tc.end(srv, token); err != nil {
+				t.Fatal(err)
+			}
+			// Read on only once the cut has landed (net.Pipe's write picks at
+			// random between a ready reader and a passed deadline; TCP with a
+			// full buffer has only the deadline).
+			time.Sleep(100 * time.Millisecond)
+			c.SetReadDeadline(time.Now().Add(wait))
+			rest, err := io.ReadAll(c)
+			if err != nil {
+				t.Fatalf("reading to the end: %v", err)
+			}
+			r := bytes.NewReader(append(head, rest...))
+			var last Frame
+			var frames int
+			for r.Len() > 0 {
+				f, err := ReadFrame(r)
+				if err != nil {
+					t.Fatalf("after %d whole frames (%d bytes in all): %v; want the stream to end with ERROR 0x%02x", frames, len(head)+len(rest), err, byte(tc.code))
+				}
+				last, frames = f, frames+1
+			}
+			if last.Type != TypeError || last.Code != tc.code {
+				t.Fatalf("last of %d frames %+v, want ERROR 0x%02x", frames, last, byte(tc.code))
+			}
+		})
+	}
+}

@@ -731,9 +731,10 @@ func releaseReason(why error) string {
 
 // drainLocked, the one writer (rule 3), takes what s is owed under srv.mu,
 // writes it without, until nothing is left, then closes an ending session;
-// it releases srv.mu. A write cut by a stop (rule 5) sent nothing: a final
-// ERROR in it is owed again. After any other failed write nothing more is
-// written: the stream may have ended inside a frame.
+// it releases srv.mu. A write cut by a drop (rule 5) finishes the frame it
+// was inside, alone, so that the final ERROR follows a whole stream. After
+// any other failed write nothing more is written: the stream may have
+// ended inside a frame.
 func (s *session) drainLocked(own bool) {
 	srv := s.srv
 	for {
@@ -759,11 +760,17 @@ func (s *session) drainLocked(own bool) {
 		if !late {
 			n, err = s.conn.Write(b)
 		}
+		cut := err != nil && isTimeout(err) && s.stopped.Load() && !stopped
+		if end := frameEnd(b, n); cut && end > n { // cut inside a frame: finish it alone
+			s.conn.SetWriteDeadline(time.Now().Add(srv.ioTimeout()))
+			_, err = s.conn.Write(b[n:end])
+			cut = err == nil
+		}
 		srv.mu.Lock()
 		switch code, _ := codeOf(fin); {
 		case err == nil && fin != nil:
 			srv.counts.Errors[code]++
-		case err != nil && n == 0 && isTimeout(err) && s.stopped.Load() && !stopped: // cut
+		case cut: // the stream is whole: a final ERROR in b is owed again
 			s.final = cmp.Or(s.final, fin)
 		case err != nil:
 			alive := s.phase == phaseWaiting || s.phase == phaseHolding // then lease is set
@@ -812,6 +819,21 @@ func (s *session) takeLocked(own bool) (b []byte, fin error, due time.Time) {
 		}
 	}
 	return b, fin, due
+}
+
+// frameEnd is where the frame of b that holds byte n-1 ends; 0 for n 0.
+func frameEnd(b []byte, n int) (end int) {
+	for end < n {
+		switch b[end] {
+		case TypeAcquired:
+			end += 9
+		case TypeError:
+			end += 3 + int(b[end+2])
+		default:
+			end++
+		}
+	}
+	return end
 }
 
 // Event is what OnEvent is told. Type says which of the fields are set.
