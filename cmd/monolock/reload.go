@@ -67,6 +67,9 @@ func sameExecutable(pid int) error {
 		return fmt.Errorf("cannot tell what it runs: %w", err)
 	}
 	if !os.SameFile(self, other) {
+		if target, _ := os.Readlink("/proc/" + strconv.Itoa(pid) + "/exe"); strings.HasSuffix(target, " (deleted)") {
+			return fmt.Errorf("its executable %s was replaced or removed since it started (an upgrade?): restart it, or send SIGHUP with kill", target)
+		}
 		return fmt.Errorf("it does not run this monolock executable (give the server's process id with -pid)")
 	}
 	// monolock run, locks and reload are this executable too, and run

@@ -1,7 +1,9 @@
 package main
 
 import (
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -35,5 +37,27 @@ func TestReloadSubcommandSignalsOnlyTheServer(t *testing.T) {
 	}
 	if code, _, stderr := runBinary(t, nil, "reload", "-pid", "0"); code != 2 || !strings.Contains(stderr, "-pid") {
 		t.Errorf("reload -pid 0: exit %d, stderr %q; want 2", code, stderr)
+	}
+}
+
+// A server whose executable was replaced on disk since it started (an
+// in-place upgrade) is not signalled, and the refusal says why, instead
+// of sending the operator to look for another process.
+func TestReloadSaysWhenTheServersExecutableWasReplaced(t *testing.T) {
+	exe := filepath.Join(t.TempDir(), "monolock")
+	b, err := os.ReadFile(binary)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(exe, b, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	s := startExe(t, exe, nil, nil)
+	if err := os.Remove(exe); err != nil {
+		t.Fatal(err)
+	}
+	code, _, stderr := runBinary(t, nil, "reload", "-pid", strconv.Itoa(s.cmd.Process.Pid))
+	if code != 1 || !strings.Contains(stderr, "was replaced or removed since it started") {
+		t.Errorf("reload of a server whose executable was removed: exit %d, stderr %q; want 1 and the reason", code, stderr)
 	}
 }
