@@ -88,7 +88,7 @@ mutant push-after-final-frame server.go 'TestWaiterEndingAsHolderLeaves|TestProm
   $'} else {\n\t\tl.waiters.Remove(s.elem)' \
   $'} else if s.final == nil {\n\t\tl.waiters.Remove(s.elem)'
 # drainLocked: after a failed write, what is still owed is written.
-mutant write-after-failed-write server.go 'TestNothingIsWrittenAfterAFrameCutShort|TestNoWriteAfterFailedPush|TestInterleavingNoPushAfterAFailedWrite' . \
+mutant write-after-failed-write server.go 'TestNothingIsWrittenAfterAFrameLeftUnfinished|TestNoWriteAfterFailedPush|TestInterleavingNoPushAfterAFailedWrite' . \
   $'srv.stopLocked(s, err)\n\t\t\ts.owedWaiting, s.owedAcquired, s.final = 0, 0, nil' \
   'srv.stopLocked(s, err)'
 # Rule 3 (stopLocked): another party's end keeps what was owed (a push, a
