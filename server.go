@@ -910,6 +910,8 @@ type Stats struct {
 	EventsDropped       uint64            // events that OnEvent was never told of: see OnEvent
 	WaitTotal           time.Duration     // summed over Grants
 	HoldTotal           time.Duration     // summed over Releases
+	OldestHold          time.Time         // the grant of the longest current hold; zero: none
+	OldestWait          time.Time         // the queueing of the longest current wait; zero: none
 }
 
 // Stats returns the current counters.
@@ -921,12 +923,23 @@ func (srv *Server) Stats() Stats {
 	st.Releases, st.Errors = maps.Clone(st.Releases), maps.Clone(st.Errors)
 	st.Connections = len(srv.sessions)
 	for _, l := range srv.locks {
-		if l.holder != nil {
+		if h := l.holder; h != nil {
 			st.LocksHeld++
+			st.OldestHold = earlier(st.OldestHold, h.since)
 		}
-		st.Waiters += l.waiters.Len()
+		if head := l.waiters.Front(); head != nil { // the queue's longest wait
+			st.Waiters += l.waiters.Len()
+			st.OldestWait = earlier(st.OldestWait, head.Value.(*session).since)
+		}
 	}
 	return st
+}
+
+func earlier(a, b time.Time) time.Time {
+	if a.IsZero() || b.Before(a) {
+		return b
+	}
+	return a
 }
 
 // SessionInfo describes a holder or a waiter.

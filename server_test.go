@@ -768,6 +768,7 @@ func TestStatsCountWhatHappened(t *testing.T) {
 		want.Acquires += 6
 		want.Grants++
 		want.Connections, want.LocksHeld, want.Waiters = 6, 1, 5
+		want.OldestHold, want.OldestWait = T, T // fake time: one instant
 		check("a holder and five waiters")
 
 		if _, err := srv.KickWaiter("x", "w2"); err != nil {
@@ -810,6 +811,7 @@ func TestStatsCountWhatHappened(t *testing.T) {
 		want.Grants++
 		want.WaitTotal += 3 * time.Second
 		want.Connections, want.Waiters = 1, 0
+		want.OldestHold, want.OldestWait = T.Add(3*time.Second), time.Time{} // g's grant
 		check("a holder's close")
 
 		time.Sleep(2 * time.Second)
@@ -824,6 +826,7 @@ func TestStatsCountWhatHappened(t *testing.T) {
 		want.HoldTotal += 2 * time.Second
 		want.Errors[CodeClosedByAdmin]++
 		want.Connections, want.LocksHeld = 0, 0
+		want.OldestHold = time.Time{}
 		check("a force-release")
 
 		// e: a silent holder with a lease of 1s, then s, with a lease of
@@ -851,9 +854,10 @@ func TestStatsCountWhatHappened(t *testing.T) {
 		want.Acquires += 3
 		want.Grants++
 		want.Connections, want.LocksHeld, want.Waiters = 3, 1, 2
+		U := time.Now()
+		want.OldestHold, want.OldestWait = U, U // fake time: one instant
 		check("a silent holder and two waiters")
 
-		U := time.Now()
 		time.Sleep(2 * time.Second) // e expires at 1s; s's lease passed at 0.5s
 		select {
 		case <-readFailed:
@@ -867,6 +871,7 @@ func TestStatsCountWhatHappened(t *testing.T) {
 		want.Grants++ // p
 		want.WaitTotal += time.Second
 		want.Connections, want.Waiters = 1, 0
+		want.OldestHold, want.OldestWait = U.Add(time.Second), time.Time{} // p's grant
 		check("an expired holder, and a waiter expired by the time of its promotion")
 		close(letGo)
 
@@ -877,6 +882,7 @@ func TestStatsCountWhatHappened(t *testing.T) {
 		want.Releases[ReasonIOTimeout]++
 		want.HoldTotal += ioTimeout
 		want.Connections, want.LocksHeld = 0, 0
+		want.OldestHold = time.Time{}
 		check("a push that met the io-timeout")
 
 		ayc, ay := dial("ay", nil)

@@ -59,124 +59,30 @@ func (h *histogram) samples() []string {
 	return append(out, "_sum "+strconv.FormatFloat(sum, 'g', -1, 64), "_count "+strconv.FormatUint(cum, 10))
 }
 
-// event is the server's OnEvent: the histograms, the table of holds, then
-// the audit log. It never waits: the server queues events while it runs.
+// event is the server's OnEvent: the histograms, then the audit log. It never waits: the server queues events while it runs.
 func (o *ops) event(ev monolock.Event) {
 	switch ev.Type {
 	case monolock.EventGranted:
 		o.waitHist.observe(ev.Wait)
-		o.holds.granted(ev.Lock, ev.Token, ev.Time)
 	case monolock.EventReleased:
 		o.holdHist.observe(ev.Held)
-		o.holds.released(ev.Lock, ev.Token)
 	}
 	if o.audit != nil {
 		o.audit.event(ev)
 	}
 }
 
-// holdTable is which locks are held, and since when, as the events tell
-// it: a scrape finds the oldest hold, and the locks whose queues to look
-// at, without copying the server's whole table under its mutex (Locks
-// holds it for milliseconds with 10,000 sessions, and every grant waits).
-type holdTable struct {
-	mu   sync.Mutex
-	held map[string]heldSince
-}
-
-type heldSince struct {
-	token uint64
-	since time.Time
-}
-
-func (h *holdTable) granted(lock string, token uint64, at time.Time) {
-	h.mu.Lock()
-	if h.held == nil {
-		h.held = map[string]heldSince{}
-	}
-	h.held[lock] = heldSince{token, at}
-	h.mu.Unlock()
-}
-
-func (h *holdTable) released(lock string, token uint64) {
-	h.mu.Lock()
-	if h.held[lock].token == token {
-		delete(h.held, lock)
-	}
-	h.mu.Unlock()
-}
-
-// snapshot returns the held locks' names and the earliest grant among them.
-func (h *holdTable) snapshot() (names []string, oldest time.Time) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	names = make([]string, 0, len(h.held))
-	for name, e := range h.held {
-		names = append(names, name)
-		if oldest.IsZero() || e.since.Before(oldest) {
-			oldest = e.since
-		}
-	}
-	return names, oldest
-}
-
 // ages returns how long the oldest current holder has held its lock and
 // how long the longest current waiter has waited: 0 when there is none.
-// The oldest hold comes from the table of holds. The longest waiter is the
-// head of some held lock's queue; once found, it stays the longest for as
-// long as it waits, since every waiter queued later is newer (to within
-// the milliseconds the look took), so a scrape looks at its lock alone,
-// and at every held lock's queue, one lock at a time, only when it has
-// left. Once the server has dropped an event, the table of holds may be
-// wrong, and the server's whole table is read instead. A lock granted in
-// the last instant may be missed until its event is delivered.
-func (o *ops) ages(now time.Time, st monolock.Stats) (hold, wait time.Duration) {
-	if st.EventsDropped > 0 {
-		for _, l := range o.srv.Locks() {
-			if l.Holder != nil {
-				hold = max(hold, now.Sub(l.Holder.Since))
-			}
-			if len(l.Waiters) > 0 {
-				wait = max(wait, now.Sub(l.Waiters[0].Since))
-			}
-		}
-		return hold, wait
+// Stats finds both in its one pass over the table, copying no queue.
+func ages(now time.Time, st monolock.Stats) (hold, wait time.Duration) {
+	if !st.OldestHold.IsZero() {
+		hold = max(0, now.Sub(st.OldestHold))
 	}
-	names, oldest := o.holds.snapshot()
-	if !oldest.IsZero() {
-		hold = max(0, now.Sub(oldest))
+	if !st.OldestWait.IsZero() {
+		wait = max(0, now.Sub(st.OldestWait))
 	}
-	o.longest.mu.Lock()
-	defer o.longest.mu.Unlock()
-	c := &o.longest
-	if st.Waiters == 0 {
-		c.lock = ""
-		return hold, 0
-	}
-	if c.lock != "" {
-		if l, ok := o.srv.Lock(c.lock); ok && len(l.Waiters) > 0 && l.Waiters[0].RemoteAddr == c.addr && l.Waiters[0].Since.Equal(c.since) {
-			return hold, max(0, now.Sub(c.since))
-		}
-		c.lock = ""
-	}
-	for _, name := range names {
-		if l, ok := o.srv.Lock(name); ok && len(l.Waiters) > 0 {
-			if head := l.Waiters[0]; c.lock == "" || head.Since.Before(c.since) {
-				c.lock, c.addr, c.since = name, head.RemoteAddr, head.Since
-			}
-		}
-	}
-	if c.lock == "" {
-		return hold, 0
-	}
-	return hold, max(0, now.Sub(c.since))
-}
-
-// longestWaiter is the longest waiter the last look found.
-type longestWaiter struct {
-	mu         sync.Mutex
-	lock, addr string // lock "": none known
-	since      time.Time
+	return hold, wait
 }
 
 // certificateExpiry is the NotAfter of the certificate the protocol port

@@ -28,8 +28,6 @@ type ops struct {
 	config   map[string]any
 
 	waitHist, holdHist histogram // fed by event
-	holds              holdTable // likewise
-	longest            longestWaiter
 }
 
 // opsHandler serves /healthz, /readyz and /metrics.
@@ -112,7 +110,7 @@ func (o *ops) writeMetrics(w io.Writer) {
 	family("monolock_wait_duration_seconds", "histogram", "Time from ACQUIRE to grant, over every grant.", o.waitHist.samples()...)
 	family("monolock_hold_duration_seconds", "histogram", "Time from grant to release, over every release.", o.holdHist.samples()...)
 	family("monolock_events_dropped_total", "counter", "Server events never delivered (the queue to the event hook was full): missing from the histograms and the audit log.", uvalue(st.EventsDropped))
-	oldestHold, oldestWait := o.ages(time.Now(), st)
+	oldestHold, oldestWait := ages(time.Now(), st)
 	family("monolock_oldest_hold_seconds", "gauge", "How long the longest current holder has held its lock; 0 when no lock is held.", value(oldestHold.Seconds()))
 	family("monolock_oldest_wait_seconds", "gauge", "How long the longest current waiter has waited; 0 when nobody waits.", value(oldestWait.Seconds()))
 	if o.audit != nil {
