@@ -3177,60 +3177,46 @@ func TestShutdownWriterDoesNotReadAnUnjoinedLease(t *testing.T) {
 // grant, unless its own end, like another party's, stops and cuts it.
 // (Found by the sixth review: endOwnLocked did not set stopped.)
 func TestPushTakenBeforeALeaseEndIsNeverWritten(t *testing.T) {
-	srv := &Server{IOTimeout: soon}
-	n, served := serveProbes(t, srv)
-	hc, _, h := joinProbe(t, n, "h", acquire("x", time.Minute))
-	h.next(t, TypeAcquired)
-
-	wc, ws := n.pair("w")
-	var armed atomic.Bool
-	var mark atomic.Int64
-	mark.Store(-1)
-	ws.beforeSetWD = func() {
-		// The first SetWriteDeadline after WAITING is the push's writer's.
-		if ws.writes.Load() != 1 || !armed.CompareAndSwap(true, false) {
-			return
+	pushAtALeaseEnd(t, "at its deadline", func(srv *Server, n *probeNet, ws *probeConn, armed *atomic.Bool, mark *atomic.Int64) {
+		ws.beforeSetWD = func() {
+			// The first SetWriteDeadline after WAITING is the push's writer's.
+			if ws.writes.Load() != 1 || !armed.CompareAndSwap(true, false) {
+				return
+			}
+			defer n.enter()()
+			if n.must("X granted after W's lease", func() bool { return holderOf(srv, "x") == "x2" }) {
+				mark.Store(int64(n.log.mark("X holds x; W was ended by its lease")))
+			}
 		}
-		defer n.enter()()
-		if n.must("X granted after W's lease", func() bool { return holderOf(srv, "x") == "x2" }) {
-			mark.Store(int64(n.log.mark("X holds x; W was ended by its lease")))
-		}
-	}
-	reading := make(chan struct{}) // W's own goroutine is done writing WAITING and reads
-	var once sync.Once
-	ws.beforeSetRD = func() {
-		if ws.writes.Load() == 1 {
-			once.Do(func() { close(reading) })
-		}
-	}
-	n.accept(ws)
-	w := watch("w", wc)
-	sendFrames(t, wc, acquire("x", time.Second))
-	w.next(t, TypeWaiting)
-	await(t, reading, "W's read after its WAITING")
-	_, _, x := joinProbe(t, n, "x2", acquire("x", time.Minute))
-	x.next(t, TypeWaiting)
-
-	armed.Store(true)
-	hc.Close() // W is promoted at once, well within its lease
-	x.next(t, TypeAcquired)
-	got, _ := w.finish(t)
-	i := int(mark.Load())
-	if i < 0 {
-		t.Fatalf("the push's writer was not stopped at its deadline; W got %s", showFrames(got))
-	}
-	st := srv.Stats()
-	shutdownNow(t, srv, served)
-	if after := n.log.writesSince(i, "w"); len(after) > 0 {
-		t.Errorf("W, ended by its lease (Releases=%v) before X's grant, was written %v after X's grant; W received %s, want [WAITING] then the close\nlog:%v",
-			st.Releases, after, showFrames(got), &n.log)
-	}
+	})
 }
 
 // The same end an instant later, when the push's writer has passed its
 // check of stopped and is about to write: W's own end cuts the write with
 // a past deadline, as an administrator's does.
 func TestPushBegunAtALeaseEndIsCut(t *testing.T) {
+	pushAtALeaseEnd(t, "at its write", func(srv *Server, n *probeNet, ws *probeConn, armed *atomic.Bool, mark *atomic.Int64) {
+		ws.beforeWrite = func([]byte) {
+			// The push's write has passed the check of stopped: only the cut
+			// that W's own end sets can keep it from beginning.
+			if ws.writes.Load() != 2 || !armed.CompareAndSwap(true, false) {
+				return
+			}
+			defer n.enter()()
+			if n.must("X granted after W's lease", func() bool { return holderOf(srv, "x") == "x2" }) &&
+				n.must("the cut of W's writes", func() bool { return ws.cuts.Load() > 0 }) {
+				time.Sleep(10 * time.Millisecond) // the cut's deadline is set just after its hook
+				mark.Store(int64(n.log.mark("X holds x; W was ended by its lease and cut")))
+			}
+		}
+	})
+}
+
+// pushAtALeaseEnd promotes W (lease 1s) by H's close, with X queued after
+// it; hook holds W's push writer (where) until W's lease has ended it and
+// X holds the lock, and marks the log then: nothing may be written to W
+// after the mark.
+func pushAtALeaseEnd(t *testing.T, where string, hook func(srv *Server, n *probeNet, ws *probeConn, armed *atomic.Bool, mark *atomic.Int64)) {
 	srv := &Server{IOTimeout: soon}
 	n, served := serveProbes(t, srv)
 	hc, _, h := joinProbe(t, n, "h", acquire("x", time.Minute))
@@ -3240,19 +3226,7 @@ func TestPushBegunAtALeaseEndIsCut(t *testing.T) {
 	var armed atomic.Bool
 	var mark atomic.Int64
 	mark.Store(-1)
-	ws.beforeWrite = func([]byte) {
-		// The push's write has passed the check of stopped: only the cut
-		// that W's own end sets can keep it from beginning.
-		if ws.writes.Load() != 2 || !armed.CompareAndSwap(true, false) {
-			return
-		}
-		defer n.enter()()
-		if n.must("X granted after W's lease", func() bool { return holderOf(srv, "x") == "x2" }) &&
-			n.must("the cut of W's writes", func() bool { return ws.cuts.Load() > 0 }) {
-			time.Sleep(10 * time.Millisecond) // the cut's deadline is set just after its hook
-			mark.Store(int64(n.log.mark("X holds x; W was ended by its lease and cut")))
-		}
-	}
+	hook(srv, n, ws, &armed, &mark)
 	reading := make(chan struct{}) // W's own goroutine is done writing WAITING and reads
 	var once sync.Once
 	ws.beforeSetRD = func() {
@@ -3274,7 +3248,7 @@ func TestPushBegunAtALeaseEndIsCut(t *testing.T) {
 	got, _ := w.finish(t)
 	i := int(mark.Load())
 	if i < 0 {
-		t.Fatalf("the push's writer was not stopped at its write; W got %s", showFrames(got))
+		t.Fatalf("the push's writer was not stopped %s; W got %s", where, showFrames(got))
 	}
 	st := srv.Stats()
 	shutdownNow(t, srv, served)
