@@ -5,6 +5,7 @@ import (
 	"cmp"
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -66,34 +67,45 @@ func (c *Client) Do(ctx context.Context, name string, lease time.Duration, fn fu
 	return l.run(ctx, fn)
 }
 
-// DoRetry is Do that retries a failed dial, a connection closed or silent
-// before the grant (a balancer without a backend closes before any reply)
-// and codes below 0x10: at once after 0x01 (another server may listen),
-// else after [base, 1.5×base), base 100ms doubling to 5s (the jitter keeps
-// clients out of step). Invalid input, codes from 0x10, a protocol
-// violation, a server certificate that does not verify, a TLS alert from
-// the server and the end of ctx return at once. fn runs at most once.
+// DoRetry is Do through AcquireRetry: fn runs at most once.
 func (c *Client) DoRetry(ctx context.Context, name string, lease time.Duration, fn func(ctx context.Context, token uint64) error) error {
+	l, err := c.AcquireRetry(ctx, name, lease)
+	if err != nil {
+		return err
+	}
+	return l.run(ctx, fn)
+}
+
+// AcquireRetry is Acquire that retries a failed dial, a connection closed
+// or silent before the grant (a balancer without a backend closes before
+// any reply) and codes below 0x10: at once after 0x01 (another server may
+// listen), else after [base, 1.5×base), base 100ms doubling to 5s (the
+// jitter keeps clients out of step). Invalid input, codes from 0x10, a
+// protocol violation, a server certificate that does not verify (by the
+// chain, or by the Dialer's own VerifyConnection or VerifyPeerCertificate
+// of a *tls.Dialer), a TLS alert from the server and the end of ctx return
+// at once.
+func (c *Client) AcquireRetry(ctx context.Context, name string, lease time.Duration) (*Lock, error) {
 	backoff := 100 * time.Millisecond
 	for attempt, again := 1, false; ; attempt++ {
 		l, err := c.Acquire(ctx, name, lease)
 		if err == nil {
-			return l.run(ctx, fn)
+			return l, nil
 		}
 		var se *ServerError
 		wait := backoff + rand.N(backoff/2)
 		var alert *net.OpError // a TLS alert from the server: it refused our certificate
 		switch isServerErr := errors.As(err, &se); {
 		case ctx.Err() != nil:
-			return ctxErr(ctx)
+			return nil, ctxErr(ctx)
 		case errors.As(err, new(*tls.CertificateVerificationError)), errors.As(err, &alert) && alert.Op == "remote error":
-			return err
+			return nil, err
 		case isServerErr && se.Code == CodeShuttingDown && !again:
 			wait = 0 // at once, but only once in a row: a server may say it forever
 		case isServerErr && se.Temporary(), errors.Is(err, ErrDial), errors.Is(err, ErrHeartbeatTimeout), errors.Is(err, ErrConnectionClosed):
 			backoff = min(2*backoff, 5*time.Second)
 		default:
-			return err
+			return nil, err
 		}
 		again = wait == 0
 		if c.cfg.OnRetry != nil {
@@ -102,7 +114,7 @@ func (c *Client) DoRetry(ctx context.Context, name string, lease time.Duration, 
 		select {
 		case <-time.After(wait):
 		case <-ctx.Done():
-			return ctxErr(ctx)
+			return nil, ctxErr(ctx)
 		}
 	}
 }
@@ -137,7 +149,7 @@ func (c *Client) acquire(ctx context.Context, name string, lease time.Duration, 
 	if err := cmp.Or(ValidateName(name), ValidateLease(lease)); err != nil {
 		return nil, err
 	}
-	conn, err := c.cfg.Dialer.DialContext(ctx, "tcp", c.cfg.Address)
+	conn, err := finalRefusals(c.cfg.Dialer).DialContext(ctx, "tcp", c.cfg.Address)
 	switch { // a dial error is the dialer's as it is, with ErrDial
 	case err != nil && ended(ctx):
 		return nil, ctxErr(ctx)
@@ -161,6 +173,31 @@ func (c *Client) acquire(ctx context.Context, name string, lease time.Duration, 
 		return nil, l.err
 	}
 	return nil, ctxErr(ctx)
+}
+
+// finalRefusals marks as a *tls.CertificateVerificationError a refusal by
+// a *tls.Dialer's own VerifyConnection or VerifyPeerCertificate: a
+// certificate refused is refused again on every retry. The Config is
+// cloned at each dial, so that later changes to it still count.
+func finalRefusals(d Dialer) Dialer {
+	td, ok := d.(*tls.Dialer)
+	if !ok || td.Config == nil || td.Config.VerifyConnection == nil && td.Config.VerifyPeerCertificate == nil {
+		return d
+	}
+	final := func(err error) error {
+		if err == nil || errors.As(err, new(*tls.CertificateVerificationError)) {
+			return err
+		}
+		return &tls.CertificateVerificationError{Err: err}
+	}
+	cfg := td.Config.Clone()
+	if verify := cfg.VerifyConnection; verify != nil {
+		cfg.VerifyConnection = func(cs tls.ConnectionState) error { return final(verify(cs)) }
+	}
+	if verify := cfg.VerifyPeerCertificate; verify != nil {
+		cfg.VerifyPeerCertificate = func(raw [][]byte, chains [][]*x509.Certificate) error { return final(verify(raw, chains)) }
+	}
+	return &tls.Dialer{NetDialer: td.NetDialer, Config: cfg}
 }
 
 // ended reports whether ctx has ended, waiting at its deadline (a second

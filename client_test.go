@@ -766,6 +766,24 @@ func TestDoRetry(t *testing.T) {
 			t.Fatalf("DoRetry = %v after %d runs, %d closes left", err, runs, max(cl.left.Load(), 0))
 		}
 	})
+	t.Run("AcquireRetry through the same listener returns the held lock", func(t *testing.T) {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		cl := &closingListener{Listener: l}
+		cl.left.Store(2)
+		srv := &Server{}
+		addr := serveOn(t, srv, cl)
+		lock, err := New(Config{Address: addr}).AcquireRetry(bounded(t), "r", time.Second)
+		if err != nil || cl.left.Load() >= 0 {
+			t.Fatalf("AcquireRetry = %v, %d closes left", err, max(cl.left.Load(), 0))
+		}
+		if info, ok := srv.Lock("r"); !ok || info.Holder == nil || info.Holder.Token != lock.Token() || lock.Err() != nil {
+			t.Fatalf("server's view %+v, lock's token %d, Err %v", info, lock.Token(), lock.Err())
+		}
+		lock.Release()
+	})
 	t.Run("a server killed while queued and restarted", func(t *testing.T) {
 		srv := &Server{}
 		l, err := net.Listen("tcp", "127.0.0.1:0")
@@ -1460,8 +1478,9 @@ func TestHeartbeatsGoOnWhileFnStops(t *testing.T) {
 // what errors.As finds, whether DoRetry retries it and after what first
 // wait, and its text, which says each cause once.
 func TestEveryErrorItsMatchesAndItsRetry(t *testing.T) {
+	errPinned := errors.New("not the pinned certificate")
 	sentinels := []error{ErrDial, ErrBusy, ErrLockLost, ErrReleased, ErrHeartbeatTimeout, ErrConnectionClosed,
-		ErrProtocolViolation, ErrInvalidInput, context.Canceled, context.DeadlineExceeded}
+		ErrProtocolViolation, ErrInvalidInput, context.Canceled, context.DeadlineExceeded, errPinned}
 	for c := range 256 {
 		if err := Code(c).Err(); err != nil {
 			sentinels = append(sentinels, err)
@@ -1522,6 +1541,14 @@ func TestEveryErrorItsMatchesAndItsRetry(t *testing.T) {
 		{name: "TLS verification failure", addr: withTLS, dial: &tls.Dialer{}, is: []error{ErrDial}, wait: never,
 			as: func(err error) bool { var ve *tls.CertificateVerificationError; return errors.As(err, &ve) }},
 		{name: "TLS verification failure, lazy handshake", addr: withTLS, dial: lazyTLS, is: []error{ErrConnectionClosed}, wait: never,
+			as: func(err error) bool { var ve *tls.CertificateVerificationError; return errors.As(err, &ve) }},
+		{name: "refused by the dialer's own VerifyConnection", addr: withTLS, is: []error{ErrDial, errPinned}, wait: never,
+			dial: &tls.Dialer{Config: &tls.Config{InsecureSkipVerify: true,
+				VerifyConnection: func(tls.ConnectionState) error { return errPinned }}},
+			as: func(err error) bool { var ve *tls.CertificateVerificationError; return errors.As(err, &ve) }},
+		{name: "refused by the dialer's own VerifyPeerCertificate", addr: withTLS, is: []error{ErrDial, errPinned}, wait: never,
+			dial: &tls.Dialer{Config: &tls.Config{InsecureSkipVerify: true,
+				VerifyPeerCertificate: func([][]byte, [][]*x509.Certificate) error { return errPinned }}},
 			as: func(err error) bool { var ve *tls.CertificateVerificationError; return errors.As(err, &ve) }},
 		{name: "TLS client, plain server", addr: plain, dial: &tls.Dialer{Config: &tls.Config{InsecureSkipVerify: true}},
 			is: []error{ErrDial}, wait: 100 * time.Millisecond},

@@ -17,6 +17,7 @@ import (
 	"os/signal"
 	"slices"
 	"strconv"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -51,12 +52,19 @@ then SIGKILL after -grace; the connection stays open, with heartbeats,
 until the group is gone, so that a server that still hears run keeps the
 lock from the next holder meanwhile.
 
+Until the grant, a failure that may mend (no server at -addr, a connection
+closed before any reply, as through a balancer without a backend, a server
+code below 0x10) is retried as the Go client's DoRetry does, 100ms doubling
+to 5s, and the first one's reason is said on stderr; -n makes one attempt.
+
 Exit status:
   COMMAND's own   it ran and the lock was held throughout (128+N if signal N killed it)
   2               bad flags or arguments
   65              the server refused the request (a client error code), or the
                   name or -lease is invalid; never retried
-  69              could not connect, or the connection ended before the grant
+  69              could not connect, or the connection ended before the grant,
+                  and a retry cannot help (the server's certificate does not
+                  verify, or a protocol violation), or any such failure with -n
   70              the lock was lost while COMMAND ran
   73              -wait ran out before the grant
   75              -n and the lock is busy (set another with -E, as in flock)
@@ -143,6 +151,7 @@ func runMain(args []string, stdout, stderr io.Writer) int {
 		defer stop()
 	}
 	var sig os.Signal
+	var retrying atomic.Bool
 	waited := make(chan struct{})
 	// One line after a second of waiting, so that a run that waits is not
 	// taken for one that hangs. The protocol does not say who holds a lock;
@@ -158,7 +167,9 @@ func runMain(args []string, stdout, stderr io.Writer) int {
 		for {
 			select {
 			case <-patience:
-				go func() { fmt.Fprintln(stderr, waitingLine(name, *addr, *admin)) }()
+				if !retrying.Load() { // the retry's line said why
+					go func() { fmt.Fprintln(stderr, waitingLine(name, *addr, *admin)) }()
+				}
 			case s := <-sigs:
 				if endsWait(s) {
 					sig = s
@@ -172,9 +183,22 @@ func runMain(args []string, stdout, stderr io.Writer) int {
 	}()
 	held := &heldDialer{d: dialer}
 	defer held.finish()
-	client := monolock.New(monolock.Config{Address: *addr, Dialer: held})
-	acquire := client.Acquire
-	if nonblock {
+	var lastRetry error // of the attempt before the one that ended the wait
+	client := monolock.New(monolock.Config{Address: *addr, Dialer: held, OnRetry: func(attempt int, err error, _ time.Duration) {
+		if attempt == 1 {
+			retrying.Store(true)
+			limit := "no -wait: until granted or a signal"
+			if *wait > 0 {
+				limit = fmt.Sprintf("until granted or -wait %v", *wait)
+			}
+			// Off this goroutine, as the waiting line: a stalled stderr
+			// must not keep run from ending its wait.
+			go fmt.Fprintf(stderr, "monolock run: lock %q at %s not acquired yet: %s; retrying (%s)\n", name, *addr, printable(err.Error()), limit)
+		}
+		lastRetry = err
+	}})
+	acquire := client.AcquireRetry
+	if nonblock { // -n does not wait, for the server no more than for the lock
 		acquire = client.TryAcquire
 	}
 	l, err := acquire(ctx, name, *lease)
@@ -185,7 +209,11 @@ func runMain(args []string, stdout, stderr io.Writer) int {
 		err = errSignal
 	}
 	if err != nil {
-		fmt.Fprintf(stderr, "monolock run: %q not acquired: %s\n", name, printable(err.Error()))
+		last := ""
+		if lastRetry != nil && ctx.Err() != nil {
+			last = "; the last attempt: " + lastRetry.Error()
+		}
+		fmt.Fprintf(stderr, "monolock run: %q not acquired: %s\n", name, printable(err.Error()+last))
 		var se *monolock.ServerError
 		switch {
 		case errors.Is(err, errSignal):

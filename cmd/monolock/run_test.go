@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -186,17 +187,69 @@ func TestRunRefusedAndUnreachable(t *testing.T) {
 	if code, stderr := runSync(t, "-addr", l.Addr().String(), "x", "--", "true"); code != exitRefused || conns.Load() != 1 {
 		t.Errorf("0x18: exit %d after %d connections, want %d after one; %s", code, conns.Load(), exitRefused, stderr)
 	}
-	l2, _ := net.Listen("tcp", "127.0.0.1:0")
-	closed := l2.Addr().String()
-	l2.Close()
-	if code, _ := runSync(t, "-addr", closed, "x", "--", "true"); code != exitUnreachable {
-		t.Errorf("nothing listening: exit %d, want %d", code, exitUnreachable)
-	}
 	if code, stderr := runSync(t, "x"); code != exitUsage || strings.Count(stderr, "\n") != 1 {
 		t.Errorf("no command: exit %d, %q", code, stderr)
 	}
 	if code, _ := runSync(t, "x", "-n", "--", "true"); code != exitUsage {
 		t.Errorf("flag after NAME: exit %d", code)
+	}
+}
+
+// Until the grant, run retries what may mend, as DoRetry does, and says the
+// first reason once; -n makes one attempt; -wait ends the retries with the
+// last attempt's reason.
+func TestRunRetriesUntilTheServerAnswers(t *testing.T) {
+	l, _ := net.Listen("tcp", "127.0.0.1:0")
+	nobody := l.Addr().String()
+	l.Close()
+	retryLine := regexp.MustCompile(`(?m)^monolock run: lock "x" at ` + regexp.QuoteMeta(nobody) +
+		` not acquired yet: .*connection refused; retrying \(until granted or -wait 1s\)$`)
+	t.Run("nobody listening, -n", func(t *testing.T) {
+		code, stderr := runSync(t, "-addr", nobody, "-n", "x", "--", "true")
+		if code != exitUnreachable || !strings.Contains(stderr, "connection refused") || strings.Contains(stderr, "retrying") {
+			t.Errorf("exit %d, want %d after one attempt; %s", code, exitUnreachable, stderr)
+		}
+	})
+	t.Run("nobody listening, -wait 1s", func(t *testing.T) {
+		code, stderr := runSync(t, "-addr", nobody, "-wait", "1s", "x", "--", "true")
+		if code != exitTimeout || len(retryLine.FindAllString(stderr, -1)) != 1 ||
+			!regexp.MustCompile(`not acquired: .*-wait ran out; the last attempt: .*connection refused\n`).MatchString(stderr) ||
+			strings.Contains(stderr, "not granted after") {
+			t.Errorf("exit %d, want %d, one retry line and the last attempt's reason; %s", code, exitTimeout, stderr)
+		}
+	})
+	t.Run("a listener that closes its first connections, then serves", func(t *testing.T) {
+		// What a balancer in front of a standby that takes over looks like.
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		cl := &closingListener{Listener: l}
+		cl.left.Store(3)
+		srv := &monolock.Server{}
+		go srv.Serve(cl)
+		t.Cleanup(func() { srv.Close() })
+		code, stderr := runSync(t, "-addr", l.Addr().String(), "x", "--", "sh", "-c", `test "$MONOLOCK_LOCK" = x`)
+		if code != 0 || cl.left.Load() >= 0 || strings.Count(stderr, "\n") != 1 ||
+			!regexp.MustCompile(`^monolock run: lock "x" at .* not acquired yet: .*before any reply: .*; retrying \(no -wait: until granted or a signal\)\n$`).MatchString(stderr) {
+			t.Errorf("exit %d, %d closes left; want 0 and one retry line; %s", code, max(cl.left.Load(), 0), stderr)
+		}
+	})
+}
+
+// closingListener closes the connections it accepts while left is positive.
+type closingListener struct {
+	net.Listener
+	left atomic.Int32
+}
+
+func (l *closingListener) Accept() (net.Conn, error) {
+	for {
+		c, err := l.Listener.Accept()
+		if err != nil || l.left.Add(-1) < 0 {
+			return c, err
+		}
+		c.Close()
 	}
 }
 
