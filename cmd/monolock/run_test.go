@@ -298,3 +298,34 @@ func TestRunForwardsSignals(t *testing.T) {
 	}
 	waitForFile(t, log, "INT")
 }
+
+// Over TLS, run verifies the server with -tls-ca and presents -tls-cert;
+// a server certificate that does not verify, or a server that refuses
+// run's certificate, can never succeed: one attempt, exit 69, no retry.
+func TestRunOverTLS(t *testing.T) {
+	setup := newTLSSetup(t, identityRules)
+	s := start(t, nil, setup.flags()...)
+	serverCA := write(t, filepath.Join(setup.dir, "server-ca.pem"), setup.serverCA.pem())
+	certPEM, keyPEM := setup.clientCA.leaf(t, leafOpts{cn: "cn-worker"})
+	cert := write(t, filepath.Join(setup.dir, "worker.pem"), certPEM)
+	key := write(t, filepath.Join(setup.dir, "worker-key.pem"), keyPEM)
+	for _, tc := range []struct {
+		name  string
+		flags []string
+		want  int
+		says  string
+	}{
+		{"trusted both ways", []string{"-tls-ca", serverCA, "-tls-cert", cert, "-tls-key", key}, 0, ""},
+		{"server certificate from another CA", []string{"-tls-ca", setup.caFile, "-tls-cert", cert, "-tls-key", key},
+			exitUnreachable, "certificate signed by unknown authority"},
+		{"no client certificate", []string{"-tls-ca", serverCA}, exitUnreachable, "certificate required"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			args := append(append([]string{"-addr", s.addr}, tc.flags...), "cn-job", "--", "sh", "-c", `test "$MONOLOCK_TOKEN" -gt 0`)
+			code, stderr := runSync(t, args...)
+			if code != tc.want || !strings.Contains(stderr, tc.says) || strings.Contains(stderr, "retrying") {
+				t.Errorf("exit %d, want %d saying %q without a retry; %s", code, tc.want, tc.says, stderr)
+			}
+		})
+	}
+}
