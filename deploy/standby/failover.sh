@@ -10,40 +10,8 @@
 #   bash deploy/standby/failover.sh     (needs haproxy and go; about 15 s)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-command -v haproxy >/dev/null || { echo "failover: needs haproxy (apt-get install haproxy)"; exit 1; }
-
-work=$(mktemp -d)
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null || true; done
-  rm -rf "$work"
-}
-trap cleanup EXIT
-
-go build -o "$work/monolock" ./cmd/monolock
+source deploy/standby/loopback.sh
 go build -o "$work/failover" deploy/standby/failover.go
-
-# Free loopback ports: front, primary, primary ops, standby, standby ops.
-read -r front p1 o1 p2 o2 < <(python3 -c '
-import socket
-ss = [socket.socket() for _ in range(5)]
-for s in ss: s.bind(("127.0.0.1", 0))
-print(*[s.getsockname()[1] for s in ss])')
-
-"$work/monolock" -listen 127.0.0.1:$p1 -ops-listen 127.0.0.1:$o1 2>"$work/primary.log" &
-primary=$!; pids+=($primary)
-"$work/monolock" -listen 127.0.0.1:$p2 -ops-listen 127.0.0.1:$o2 2>"$work/standby.log" &
-pids+=($!)
-
-# haproxy.cfg as shipped, its addresses moved to loopback ports.
-sed -e "s/bind :7070/bind 127.0.0.1:$front/" \
-    -e "s/check port 9090/check/" \
-    -e "s/10\.0\.0\.11:7070/127.0.0.1:$p1 port $o1/" \
-    -e "s/10\.0\.0\.12:7070/127.0.0.1:$p2 port $o2/" \
-    deploy/standby/haproxy.cfg >"$work/haproxy.cfg"
-haproxy -c -q -f "$work/haproxy.cfg"
-haproxy -db -f "$work/haproxy.cfg" >"$work/haproxy.log" 2>&1 &
-pids+=($!)
 
 # Both servers answer /readyz before the client starts.
 for port in $o1 $o2; do
