@@ -221,16 +221,14 @@ func (srv *Server) start(conn net.Conn) {
 	}
 	srv.mu.Lock()
 	srv.counts.ConnectionsAccepted++
-	closing := srv.closing.Load()
-	if !closing {
-		srv.sessions[s] = struct{}{}
-		srv.wg.Add(1)
-	}
-	srv.mu.Unlock()
-	if closing {
+	if srv.closing.Load() {
+		srv.mu.Unlock()
 		closeConn(conn)
 		return
 	}
+	srv.sessions[s] = struct{}{}
+	srv.wg.Add(1)
+	srv.mu.Unlock()
 	go s.serve()
 }
 
