@@ -786,14 +786,11 @@ func (s *session) drainLocked(own bool) {
 // the deadline: the io-timeout, or on s's own goroutine the end of its
 // lease if sooner: a client that neither reads nor sends is silent.
 func (s *session) takeLocked(own bool) (b []byte, fin error, due time.Time) {
-	if s.phase == phaseClosed {
-		return nil, nil, due
-	}
 	size := int(s.owedWaiting) + 9*int(s.owedAcquired)
 	if s.final != nil {
 		size += 3 + MaxReasonLen
 	}
-	if size == 0 {
+	if size == 0 || s.phase == phaseClosed {
 		return nil, nil, due
 	}
 	b = make([]byte, 0, min(size, maxBatch))
