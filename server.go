@@ -605,10 +605,10 @@ func (srv *Server) nextTokenLocked(now time.Time) uint64 {
 
 // endLocked takes s out of the table, once, for any cause (rule 4), gives
 // a holder's lock to the next live waiter unless closing, and decides the
-// final ERROR when why has a code; it reports whether s was alive.
-func (srv *Server) endLocked(s *session, why error) bool {
+// final ERROR when why has a code.
+func (srv *Server) endLocked(s *session, why error) {
 	if s.phase >= phaseEnding {
-		return false
+		return
 	}
 	if s.phase == phaseHandshake {
 		why = nil // a frame now would only start another handshake
@@ -621,7 +621,7 @@ func (srv *Server) endLocked(s *session, why error) bool {
 	}
 	l := s.lock
 	if l == nil {
-		return true
+		return
 	}
 	s.lock = nil
 	if l.holder == s {
@@ -640,7 +640,6 @@ func (srv *Server) endLocked(s *session, why error) bool {
 	if l.holder == nil && l.waiters.Len() == 0 {
 		delete(srv.locks, s.name)
 	}
-	return true
 }
 
 // stopLocked is another party's end of s: Shutdown, an administrator, a
