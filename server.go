@@ -1029,18 +1029,17 @@ func (srv *Server) KickWaiter(name, remoteAddr string) (SessionInfo, error) {
 // successor's (rule 8).
 func (srv *Server) kick(name, event string, find func(*lock) (*session, error)) (SessionInfo, error) {
 	srv.mu.Lock()
+	defer srv.mu.Unlock()
 	s, err := (*session)(nil), ErrNotFound
 	if l := srv.locks[name]; l != nil && !srv.closing.Load() {
 		s, err = find(l)
 	}
 	if err != nil {
-		srv.mu.Unlock()
 		return SessionInfo{}, err
 	}
 	info := s.infoLocked()
 	srv.emitLocked(Event{Type: event, Token: info.Token}, s)
 	srv.stopLocked(s, ErrClosedByAdmin)
 	srv.wakeLocked(s)
-	srv.mu.Unlock()
 	return info, nil
 }
