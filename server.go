@@ -36,8 +36,7 @@ import (
 //  6. heartbeatLocked decides one read's bytes together, in the critical
 //     section that ends the session if one is bad.
 //  7. promoteLocked grants only a waiter whose lease has not passed.
-//  8. wakeLocked writes what another party decided: nobody waits on
-//     another session's socket.
+//  8. wakeLocked writes what others decided: nobody waits on another's socket.
 //  9. emitLocked queues an event with the table change it describes.
 
 // DefaultIOTimeout is the io-timeout of a Server whose IOTimeout is zero.
@@ -122,8 +121,7 @@ type session struct {
 	seen  time.Time     // lastSeenAt: the read of the last valid frame
 	token uint64        // of the grant; 0 while waiting
 
-	// The outbox, written in this order, the order of deciding: the
-	// phase only moves forward.
+	// The outbox, written in the order of deciding: the phase only moves forward.
 	owedWaiting, owedAcquired uint32
 	final                     error       // the final ERROR's cause, while ending
 	writing                   bool        // a goroutine has the writer's role
