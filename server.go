@@ -420,12 +420,10 @@ func (s *session) Read(p []byte) (int, error) {
 	return n, nil
 }
 
-// run reads and answers heartbeats until the session ends, len(rbuf)
-// bytes at most per read, answered before the next read: a client that
-// does not read is held back by its own socket. A read of more than one
-// byte, which one heartbeat in flight never causes, costs floodPause a
-// byte: a flood gets a thousand answers a second and leaves the
-// processors idle enough for the runtime to poll everyone else's sockets.
+// run reads and answers heartbeats until the session ends: len(rbuf) bytes
+// at most a read, answered before the next, and after a read of more than
+// one byte a pause of floodPause a byte (why: docs/sessions.md, "A flood
+// harms only the flooder").
 func (s *session) run(deadline time.Time) {
 	srv := s.srv
 	for {
@@ -726,10 +724,9 @@ func releaseReason(why error) string {
 
 // drainLocked, the one writer (rule 3), takes what s is owed under srv.mu,
 // writes it without, until nothing is left, then closes an ending session;
-// it releases srv.mu. A write cut by a drop (rule 5) finishes the frame it
-// was inside, alone, so that the final ERROR follows a whole stream. After
-// any other failed write nothing more is written: the stream may have
-// ended inside a frame.
+// it releases srv.mu. A write cut by a drop (rule 5) finishes its frame
+// alone, so that the final ERROR follows a whole stream; any other failed
+// write may have ended inside a frame, so nothing more is written.
 func (s *session) drainLocked(own bool) {
 	srv := s.srv
 	for {
