@@ -36,8 +36,7 @@ import (
 //  6. heartbeatLocked decides one read's bytes together, in the critical
 //     section that ends the session if one is bad.
 //  7. promoteLocked grants only a waiter whose lease has not passed.
-//  8. wakeLocked writes what another party decided: nobody waits on
-//     another session's socket.
+//  8. wakeLocked writes what others decided: nobody waits on another's socket.
 //  9. emitLocked queues an event with the table change it describes.
 
 // DefaultIOTimeout is the io-timeout of a Server whose IOTimeout is zero.
@@ -122,8 +121,7 @@ type session struct {
 	seen  time.Time     // lastSeenAt: the read of the last valid frame
 	token uint64        // of the grant; 0 while waiting
 
-	// The outbox, written in this order, the order of deciding: the
-	// phase only moves forward.
+	// The outbox, written in the order of deciding: the phase only moves forward.
 	owedWaiting, owedAcquired uint32
 	final                     error       // the final ERROR's cause, while ending
 	writing                   bool        // a goroutine has the writer's role
@@ -221,16 +219,14 @@ func (srv *Server) start(conn net.Conn) {
 	}
 	srv.mu.Lock()
 	srv.counts.ConnectionsAccepted++
-	closing := srv.closing.Load()
-	if !closing {
-		srv.sessions[s] = struct{}{}
-		srv.wg.Add(1)
-	}
-	srv.mu.Unlock()
-	if closing {
+	if srv.closing.Load() {
+		srv.mu.Unlock()
 		closeConn(conn)
 		return
 	}
+	srv.sessions[s] = struct{}{}
+	srv.wg.Add(1)
+	srv.mu.Unlock()
 	go s.serve()
 }
 
@@ -424,12 +420,10 @@ func (s *session) Read(p []byte) (int, error) {
 	return n, nil
 }
 
-// run reads and answers heartbeats until the session ends, len(rbuf)
-// bytes at most per read, answered before the next read: a client that
-// does not read is held back by its own socket. A read of more than one
-// byte, which one heartbeat in flight never causes, costs floodPause a
-// byte: a flood gets a thousand answers a second and leaves the
-// processors idle enough for the runtime to poll everyone else's sockets.
+// run reads and answers heartbeats until the session ends: len(rbuf) bytes
+// at most a read, answered before the next, and after a read of more than
+// one byte a pause of floodPause a byte (why: docs/sessions.md, "A flood
+// harms only the flooder").
 func (s *session) run(deadline time.Time) {
 	srv := s.srv
 	for {
@@ -607,10 +601,10 @@ func (srv *Server) nextTokenLocked(now time.Time) uint64 {
 
 // endLocked takes s out of the table, once, for any cause (rule 4), gives
 // a holder's lock to the next live waiter unless closing, and decides the
-// final ERROR when why has a code; it reports whether s was alive.
-func (srv *Server) endLocked(s *session, why error) bool {
+// final ERROR when why has a code.
+func (srv *Server) endLocked(s *session, why error) {
 	if s.phase >= phaseEnding {
-		return false
+		return
 	}
 	if s.phase == phaseHandshake {
 		why = nil // a frame now would only start another handshake
@@ -623,7 +617,7 @@ func (srv *Server) endLocked(s *session, why error) bool {
 	}
 	l := s.lock
 	if l == nil {
-		return true
+		return
 	}
 	s.lock = nil
 	if l.holder == s {
@@ -642,7 +636,6 @@ func (srv *Server) endLocked(s *session, why error) bool {
 	if l.holder == nil && l.waiters.Len() == 0 {
 		delete(srv.locks, s.name)
 	}
-	return true
 }
 
 // stopLocked is another party's end of s: Shutdown, an administrator, a
@@ -731,10 +724,9 @@ func releaseReason(why error) string {
 
 // drainLocked, the one writer (rule 3), takes what s is owed under srv.mu,
 // writes it without, until nothing is left, then closes an ending session;
-// it releases srv.mu. A write cut by a drop (rule 5) finishes the frame it
-// was inside, alone, so that the final ERROR follows a whole stream. After
-// any other failed write nothing more is written: the stream may have
-// ended inside a frame.
+// it releases srv.mu. A write cut by a drop (rule 5) finishes its frame
+// alone, so that the final ERROR follows a whole stream; any other failed
+// write may have ended inside a frame, so nothing more is written.
 func (s *session) drainLocked(own bool) {
 	srv := s.srv
 	for {
@@ -788,14 +780,11 @@ func (s *session) drainLocked(own bool) {
 // the deadline: the io-timeout, or on s's own goroutine the end of its
 // lease if sooner: a client that neither reads nor sends is silent.
 func (s *session) takeLocked(own bool) (b []byte, fin error, due time.Time) {
-	if s.phase == phaseClosed {
-		return nil, nil, due
-	}
 	size := int(s.owedWaiting) + 9*int(s.owedAcquired)
 	if s.final != nil {
 		size += 3 + MaxReasonLen
 	}
-	if size == 0 {
+	if size == 0 || s.phase == phaseClosed {
 		return nil, nil, due
 	}
 	b = make([]byte, 0, min(size, maxBatch))
@@ -1035,18 +1024,17 @@ func (srv *Server) KickWaiter(name, remoteAddr string) (SessionInfo, error) {
 // successor's (rule 8).
 func (srv *Server) kick(name, event string, find func(*lock) (*session, error)) (SessionInfo, error) {
 	srv.mu.Lock()
+	defer srv.mu.Unlock()
 	s, err := (*session)(nil), ErrNotFound
 	if l := srv.locks[name]; l != nil && !srv.closing.Load() {
 		s, err = find(l)
 	}
 	if err != nil {
-		srv.mu.Unlock()
 		return SessionInfo{}, err
 	}
 	info := s.infoLocked()
 	srv.emitLocked(Event{Type: event, Token: info.Token}, s)
 	srv.stopLocked(s, ErrClosedByAdmin)
 	srv.wakeLocked(s)
-	srv.mu.Unlock()
 	return info, nil
 }
