@@ -1752,11 +1752,9 @@ type lateContext struct {
 
 func (c lateContext) Deadline() (time.Time, bool) { return c.deadline, true }
 
-// (Review of issue 25.) ended(ctx) waits on ctx.Done() once ctx's deadline has passed. A
-// context whose deadline has passed but that is not (yet) done, the test
-// file's own lateContext over a context that never ends, makes any dial
-// error hang Do forever (before issue 25 Do returned ErrDial at once); it
-// now waits a second at most.
+// A dial error under a context whose deadline has passed but that never
+// ends (a Context of the caller's own) returns within a second: the client
+// waits at most that long for the end of ctx a moment after its deadline.
 func TestDialErrorUnderAPassedDeadlineThatNeverEndsReturns(t *testing.T) {
 	refused, _ := net.Listen("tcp", "127.0.0.1:0")
 	refused.Close()
@@ -1774,8 +1772,8 @@ func TestDialErrorUnderAPassedDeadlineThatNeverEndsReturns(t *testing.T) {
 	}
 }
 
-// (Review of issue 25.) The same in the claim: the connection closed before any reply, after
-// the context's (advisory) deadline passed, hangs Acquire forever.
+// The same in the claim: a connection closed before any reply, after the
+// context's deadline passed, returns too.
 func TestClaimErrorUnderAPassedDeadlineThatNeverEndsReturns(t *testing.T) {
 	addr := fakeServer(t, func(c net.Conn) {
 		ReadFrame(c)
@@ -1795,10 +1793,10 @@ func TestClaimErrorUnderAPassedDeadlineThatNeverEndsReturns(t *testing.T) {
 	}
 }
 
-// (Review of issue 25.) A client certificate that the server does not verify (mTLS) can never
-// succeed, yet DoRetry retries it until ctx ends and then returns only
-// ctx's error: the certificate problem is lost. The spec: "a TLS
-// certificate that does not verify return[s] at once".
+// A client certificate that the server refuses (mutual TLS) can never be
+// accepted: DoRetry returns the TLS alert at once instead of retrying it
+// until ctx ends (the spec: "a TLS certificate that does not verify
+// return[s] at once").
 func TestClientCertificateRefusedByTheServerIsNotRetried(t *testing.T) {
 	serverCert := selfSigned(t)
 	ca := x509.NewCertPool()
@@ -1823,12 +1821,9 @@ func TestClientCertificateRefusedByTheServerIsNotRetried(t *testing.T) {
 	}
 }
 
-// (Review of issue 25.) DoRetry returns the attempt's own (retryable) error when ctx ends
-// between Acquire's return and its check of ctx.Err(): the caller, whose
-// ctx ended before DoRetry returned, gets ErrDial instead of ctx's error
-// and cause. The old code always went through the select, which returned
-// ctx's error. The dialer starts the cancel just before it fails, so that
-// the end of ctx falls near that window.
+// The end of ctx just after a failed attempt is ctx's error and cause, not
+// the attempt's (ErrDial): the dialer starts the cancel just before it
+// fails, so that the end of ctx falls on every point of that window.
 func TestContextEndJustAfterAFailedAttemptIsCtxsError(t *testing.T) {
 	errCause := errors.New("the caller's cause")
 	errRefused := errors.New("refused")

@@ -1214,11 +1214,11 @@ func readRest(c net.Conn) []Frame {
 	}
 }
 
-// A holder's HEARTBEAT has been read; before the reply is written, an
-// administrator force-releases it and the next waiter is granted. The old
-// holder is then told ACQUIRED (its old token) although it is out of the
-// table and another session holds the lock.
-func TestInterleavingHeartbeatReplyAfterForceRelease(t *testing.T) {
+// Section 4: a holder's HEARTBEAT has been read and its reply decided when
+// an administrator force-releases it and the next waiter is granted: the
+// reply is dropped with the end (dropLocked), and the old holder is never
+// told ACQUIRED after ForceRelease returned, only ERROR 0x02.
+func TestForceReleaseDropsADecidedHeartbeatReply(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var evMu sync.Mutex
 		var events []Event
@@ -1276,12 +1276,12 @@ func noAcquiredAfterForce(t *testing.T, rest []Frame, writes []string, tB uint64
 	}
 }
 
-// A waiter is promoted by its holder's end; before the push takes the
-// waiter's wmu (held by its own goroutine, writing WAITING to a slow
-// reader), an administrator force-releases it and the next waiter is
-// granted and pushed. The first waiter's push is then written anyway:
-// rule 5 says "a push decided before the session left stays unsent".
-func TestInterleavingPushAfterForceRelease(t *testing.T) {
+// A waiter is promoted by its holder's end, and before its push is
+// written (its own goroutine is writing WAITING to a slow reader) an
+// administrator force-releases it and the next waiter is granted: the push
+// decided before the end is dropped with it (rules 4 and 5), and only
+// ERROR 0x02 follows.
+func TestForceReleaseDropsADecidedPush(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		srv := &Server{IOTimeout: 5 * time.Second}
 		l := newStepListener()
@@ -1343,11 +1343,10 @@ func TestInterleavingPushAfterForceRelease(t *testing.T) {
 	})
 }
 
-// Shutdown given a context must return when the context ends. A session
-// whose final ERROR 0x01 cannot be written (a client that does not read)
-// has already left srv.sessions, so Close does not close it, and Shutdown
-// waits for that write's own io-timeout.
-func TestInterleavingShutdownIgnoresContext(t *testing.T) {
+// Shutdown returns when its context ends, even while a session's final
+// ERROR 0x01 is blocked on a client that does not read: Close closes
+// every connection whose close is still to come, that one included.
+func TestShutdownReturnsWhenItsContextEnds(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		srv := &Server{IOTimeout: 5 * time.Second}
 		l := newStepListener()
@@ -1376,7 +1375,7 @@ func TestInterleavingShutdownIgnoresContext(t *testing.T) {
 // when Shutdown begins: Shutdown cuts it (no write but the final ERROR
 // begins after the end is decided), and the client, reading just before
 // the io-timeout, gets ERROR 0x01 alone; Shutdown then returns in time.
-func TestInterleavingShutdownExceedsIOTimeout(t *testing.T) {
+func TestShutdownCutsABlockedReply(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		const io = 2 * time.Second
 		srv := &Server{IOTimeout: io}
@@ -1413,9 +1412,9 @@ func TestInterleavingShutdownExceedsIOTimeout(t *testing.T) {
 }
 
 // A waiter promoted while it does not read: the push's write takes longer
-// than the io-timeout, so the server drops it. Its release should say
+// than the io-timeout, so the server drops it, and its release says
 // io_timeout ("a frame or a write took longer than the io-timeout").
-func TestInterleavingPushTimeoutReleaseReason(t *testing.T) {
+func TestPushTimeoutIsReleasedAsIOTimeout(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var evMu sync.Mutex
 		var events []Event
@@ -1461,7 +1460,7 @@ func TestInterleavingPushTimeoutReleaseReason(t *testing.T) {
 // promoted before its goroutine leaves the table. The push must not be
 // written: after a failed write the stream may end mid-frame, and the
 // session is on its way out (rule 5).
-func TestInterleavingNoPushAfterAFailedWrite(t *testing.T) {
+func TestNoPushAfterAFailedWaiting(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		srv := &Server{IOTimeout: time.Second}
 		l := newStepListener()
@@ -3305,14 +3304,10 @@ func TestDenialIsDecidedWithItsEnd(t *testing.T) {
 	}
 }
 
-// (Seventh review.) Server.Logger promises "Its handler must not block: Shutdown waits
-// for it until its ctx ends", and Shutdown "waits for them" (the session
-// goroutines). But acquire logs a refused ACQUIRE after endOwnLocked, which
-// has already called srv.wg.Done(): the session goroutine is still inside
-// the Logger while Shutdown's WaitGroup says it is gone. Shutdown returns
-// nil, with its ctx far from over, while a server goroutine runs in the
-// operator's log handler (which the operator may close once Shutdown has
-// returned).
+// Shutdown waits for the log line of a refused ACQUIRE (Server.Logger:
+// "Shutdown waits for it until its ctx ends"): the session goroutine
+// retires (wg.Done) only after that line, so Shutdown never returns while
+// a server goroutine is still in the operator's log handler.
 func TestShutdownWaitsForTheDenialsLogLine(t *testing.T) {
 	hd := &blockingHandler{msg: "ACQUIRE not authorized", entered: make(chan struct{}), release: make(chan struct{})}
 	srv := &Server{
@@ -3341,14 +3336,12 @@ func TestShutdownWaitsForTheDenialsLogLine(t *testing.T) {
 	_ = served
 }
 
-// (Seventh review.) A gap in a session's own word-less end, since closed:
-// endOwnLocked decides the end and the promotion, unlocks, yields
-// (runtime.Gosched, after a promotion), drains, and only then cuts. A push
-// writer that passed its check of stopped just before W's lease ended and
-// writes in that gap is not cut: W receives ACQUIRED after its lease ended
-// and after X was granted the lock (§4: "Its lease ...: nothing more, not
-// even a push decided before the end whose write had not yet sent a byte").
-// The cut is now set by dropLocked in the critical section of the end.
+// A push writer that passed its check of stopped just before W's lease
+// ended is cut in the critical section that decides W's word-less end
+// (dropLocked), not after it: W never receives ACQUIRED after its lease
+// ended and X was granted the lock (§4: "Its lease ...: nothing more, not
+// even a push decided before the end whose write had not yet sent a
+// byte"), even when W's goroutine yields between the end and its drain.
 func TestPushDuringALeaseEndsCriticalSectionIsCut(t *testing.T) {
 	srv := &Server{IOTimeout: soon}
 	n, served := serveProbes(t, srv)
@@ -3421,16 +3414,12 @@ func framesOf(s *clientStream) []Frame {
 	return append([]Frame(nil), s.frames...)
 }
 
-// (Seventh review.) drainLocked told a cut from a real timeout by "nothing
-// sent and before the write's own deadline"; it now asks stopped. A session's own writer has the end of
-// the lease as its deadline. ForceRelease decides the end (ERROR 0x02) well
-// before the lease ends, and cuts the holder's write that it finds under
-// way; if that write returns after the lease's end (the writer was
-// descheduled between its check and its Write: the hook's sleep), the cut
-// is taken for a real failure and the final ERROR 0x02 is dropped: the
-// holder, ended by an administrator, is told nothing (§4: "An
-// administrator ...: the ERROR (0x02 ...)"; §5). Stats count a forced
-// release and no ERROR 0x02.
+// A cut is known by stopped, not by the time a write returns: ForceRelease
+// cuts the holder's write under way well before the lease ends, and that
+// write returns after the lease's end (its writer descheduled between its
+// check and its Write: the hook's sleep); the final ERROR 0x02 is still
+// written (§4: "An administrator ...: the ERROR (0x02 ...)"; §5), and
+// Stats count a forced release and one ERROR 0x02.
 func TestCutWriteReturningAfterTheLeaseKeepsTheFinalError(t *testing.T) {
 	const lease = 300 * time.Millisecond
 	srv := &Server{IOTimeout: soon}
@@ -3466,15 +3455,12 @@ func TestCutWriteReturningAfterTheLeaseKeepsTheFinalError(t *testing.T) {
 	}
 }
 
-// (Eighth review.) The cut of dropLocked lands on a write already under way
-// (some bytes taken, the rest not yet): Write returns n > 0 with a timeout,
-// drainLocked takes it for a failed write (its cut test wants n == 0) and
-// drops the final ERROR. The client gets half a frame and the end of the
-// stream, no ERROR 0x02 / 0x01, although nothing it sent is left unread
-// (no reset involved). protocol.md §4: "An administrator or a shutdown:
-// the ERROR (0x02 or 0x01), and before it only a frame whose write had
-// already begun". drainLocked now finishes the frame the cut was inside,
-// alone, then writes the ERROR.
+// A cut that lands inside a frame (Write returns n > 0 with a timeout)
+// finishes that frame alone, then writes the final ERROR: the client gets
+// whole frames and the ERROR 0x02 or 0x01, never half a frame and the end
+// of the stream (protocol.md §4: "An administrator or a shutdown: the
+// ERROR (0x02 or 0x01), and before it only a frame whose write had already
+// begun").
 func TestCutInsideAFrameFinishesItBeforeTheFinalError(t *testing.T) {
 	for _, tc := range []struct {
 		name string

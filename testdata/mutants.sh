@@ -88,17 +88,17 @@ mutant push-after-final-frame server.go 'TestWaiterEndingAsHolderLeaves|TestProm
   $'} else {\n\t\tl.waiters.Remove(s.elem)' \
   $'} else if s.final == nil {\n\t\tl.waiters.Remove(s.elem)'
 # drainLocked: after a failed write, what is still owed is written.
-mutant write-after-failed-write server.go 'TestNothingIsWrittenAfterAFrameLeftUnfinished|TestNoWriteAfterFailedPush|TestInterleavingNoPushAfterAFailedWrite' . \
+mutant write-after-failed-write server.go 'TestNothingIsWrittenAfterAFrameLeftUnfinished|TestNoWriteAfterFailedPush|TestNoPushAfterAFailedWaiting' . \
   $'srv.stopLocked(s, err)\n\t\t\ts.owedWaiting, s.owedAcquired, s.final = 0, 0, nil' \
   'srv.stopLocked(s, err)'
 # Rule 3 (stopLocked): another party's end keeps what was owed (a push, a
 # heartbeat's answer) and writes it before the final ERROR.
-mutant push-after-force-release server.go 'TestInterleavingPushAfterForceRelease|TestNoPushAfterForceRelease|TestNoHeartbeatReplyAfterKickWaiter' . \
+mutant push-after-force-release server.go 'TestForceReleaseDropsADecidedPush|TestNoPushAfterForceRelease|TestNoHeartbeatReplyAfterKickWaiter' . \
   $'if s.phase < phaseEnding {\n\t\ts.dropLocked()' \
   $'if s.phase < phaseEnding {\n\t\ts.stopped.Store(true)'
 # Rule 2 (heartbeatLocked): a heartbeat read as an administrator ends the
 # session is answered.
-mutant heartbeat-reply-after-stop server.go 'TestInterleavingHeartbeatReplyAfterForceRelease|TestNoHeartbeatReplyAfterForceRelease|TestNoHeartbeatReplyAfterKickWaiter' . \
+mutant heartbeat-reply-after-stop server.go 'TestForceReleaseDropsADecidedHeartbeatReply|TestNoHeartbeatReplyAfterForceRelease|TestNoHeartbeatReplyAfterKickWaiter' . \
   $'\tcase s.phase >= phaseEnding:\n\t\treturn errEnded\n' \
   ''
 # Rule 3 (endLocked): an end without an ERROR (a lease, a read error, too
@@ -134,11 +134,11 @@ mutant tls-close-notify server.go 'TestShutdownOverTLSReturnsAtTheIOTimeout|Test
   '_ = tc'
 # A session leaves srv.sessions when its final ERROR is taken, before it is
 # written: Close cannot close a connection whose final write is stuck.
-mutant sessions-forgotten-before-final-frame server.go 'TestCloseCutsAFinalFrameStuckOnItsClient|TestInterleavingShutdownIgnoresContext|TestShutdownDeadlineClosesStuckSessions' . \
+mutant sessions-forgotten-before-final-frame server.go 'TestCloseCutsAFinalFrameStuckOnItsClient|TestShutdownReturnsWhenItsContextEnds|TestShutdownDeadlineClosesStuckSessions' . \
   $'b, _ = Frame{Type: TypeError, Code: code, Reason: reason}.AppendBinary(b)\n\t}' \
   $'b, _ = Frame{Type: TypeError, Code: code, Reason: reason}.AppendBinary(b)\n\t\tdelete(s.srv.sessions, s)\n\t}'
 # drainLocked ends a session whose write failed as if by another party.
-mutant push-timeout-released-graceful server.go 'TestInterleavingPushTimeoutReleaseReason' . \
+mutant push-timeout-released-graceful server.go 'TestPushTimeoutIsReleasedAsIOTimeout' . \
   'srv.stopLocked(s, err)' \
   'srv.stopLocked(s, errEnded)'
 # Rule 4 (promoteLocked): a waiter whose lease has passed is granted.
@@ -154,13 +154,13 @@ mutant drain-checks-stop-before-deadline server.go 'TestNoHeartbeatReplyAfterFor
   $'s.conn.SetWriteDeadline(due)\n\t\tlate := s.stopped.Load() && !stopped' \
   $'late := s.stopped.Load() && !stopped\n\t\ts.conn.SetWriteDeadline(due)'
 # dropLocked: no past write deadline for a write already taken.
-mutant drop-does-not-cut server.go 'TestForceReleaseJustBeforeAWritePlain|TestPushBegunAtALeaseEndIsCut|TestInterleavingShutdownExceedsIOTimeout' . \
+mutant drop-does-not-cut server.go 'TestForceReleaseJustBeforeAWritePlain|TestPushBegunAtALeaseEndIsCut|TestShutdownCutsABlockedReply' . \
   's.writing && !isTLS {' \
   'false && s.writing && !isTLS {'
 # drainLocked: a write cut before its first byte loses the final ERROR it
 # carried; or a write that timed out at its own deadline is taken for a cut
 # (the session lives on).
-mutant cut-write-loses-final-error server.go 'TestForceReleaseFinalErrorSurvivesTheCut|TestShutdownFinalErrorSurvivesTheCut|TestInterleavingShutdownExceedsIOTimeout' . \
+mutant cut-write-loses-final-error server.go 'TestForceReleaseFinalErrorSurvivesTheCut|TestShutdownFinalErrorSurvivesTheCut|TestShutdownCutsABlockedReply' . \
   'case cut: // the stream is whole' \
   'case false && cut: // the stream is whole'
 # drainLocked: a cut inside a frame is taken for a failed write: half a
@@ -168,7 +168,7 @@ mutant cut-write-loses-final-error server.go 'TestForceReleaseFinalErrorSurvives
 mutant cut-inside-a-frame-not-finished server.go 'TestCutInsideAFrameFinishesItBeforeTheFinalError' . \
   'cut && end > n {' \
   'false && end > n {'
-mutant timeout-taken-for-a-cut server.go 'TestIOTimeoutBoundsAWrite|TestInterleavingPushTimeoutReleaseReason|TestBlockedWriteEndsAtTheLease' . \
+mutant timeout-taken-for-a-cut server.go 'TestIOTimeoutBoundsAWrite|TestPushTimeoutIsReleasedAsIOTimeout|TestBlockedWriteEndsAtTheLease' . \
   'cut := err != nil && isTimeout(err) && s.stopped.Load() && !stopped' \
   'cut := err != nil && isTimeout(err)'
 # drainLocked: a cut write that returns after the lease's end is taken for
@@ -256,7 +256,7 @@ mutant release-event-after-the-grant server.go 'TestForceReleaseAndKickWaiter|Te
   $'\t\tif !srv.closing.Load() {\n\t\t\tsrv.promoteLocked(l)\n\t\t}\n\t\tsrv.emitLocked(Event{Type: EventReleased, Token: s.token, Held: held, Reason: reason}, s)\n'
 # Rule 2 (one writer at a time): a decider starts a second writer while one
 # is at work; the session's goroutine writes beside a writer at work.
-mutant second-writer server.go 'TestRaceHunt|TestInterleavingPushAfterForceRelease|TestLockTableAgainstModel' . \
+mutant second-writer server.go 'TestRaceHunt|TestForceReleaseDropsADecidedPush|TestLockTableAgainstModel' . \
   $'\tif !s.writing {\n\t\ts.writing = true\n\t\tsrv.wg.Add(1)' \
   $'\tif true {\n\t\ts.writing = true\n\t\tsrv.wg.Add(1)'
 # (TestOwedAnswersAreBounded hangs under the second: fake time stands still
