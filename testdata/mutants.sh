@@ -67,14 +67,14 @@ mutant no-io-timeout-inside-acquire server.go 'TestIOTimeout$|TestIOTimeoutBound
 mutant acquire-deadline-renewed-per-read server.go 'TestIOTimeoutBoundsTheWholeRestOfAFrame' . \
   'if s.w != 0 {' \
   'if true {'
-# Rule 3 (endLocked): it keeps promoting while the server is closing.
+# Rule 4 (endLocked): it keeps promoting while the server is closing.
 mutant promotion-during-shutdown server.go 'TestShutdownPromotesNobody|TestShutdownSendsShuttingDownToEverySession' . \
   $'if !srv.closing.Load() {\n\t\t\tsrv.promoteLocked(l)\n\t\t}' \
   'srv.promoteLocked(l)'
 mutant duplicate-acquire-wrong-code server.go 'TestErrorsAfterTheGrant' . \
   'bad = ErrDuplicateAcquire' \
   'bad = unknownType(TypeAcquire)'
-# Rule 5 (kick): the administrator decides the ERROR 0x02 and starts no
+# Rule 8 (kick): the administrator decides the ERROR 0x02 and starts no
 # writer for it.
 mutant kick-wakes-nobody server.go 'TestForceReleaseAndKickWaiter|TestForceReleaseDoesNotWaitForNextWaiter|TestKickWaiterDoesNotWaitForSlowClient' . \
   $'srv.stopLocked(s, ErrClosedByAdmin)\n\tsrv.wakeLocked(s)' \
@@ -82,7 +82,7 @@ mutant kick-wakes-nobody server.go 'TestForceReleaseAndKickWaiter|TestForceRelea
 mutant authorize-without-identity server.go 'TestMutualTLSIdentitiesAndRules' ./cmd/monolock \
   '!srv.Authorize(s.identity, f.Name)' \
   '!srv.Authorize("", f.Name)'
-# Rule 3 (endLocked): a waiter ending with an ERROR owed stays queued, so a
+# Rule 4 (endLocked): a waiter ending with an ERROR owed stays queued, so a
 # promotion can reach it after its final frame.
 mutant push-after-final-frame server.go 'TestWaiterEndingAsHolderLeaves|TestPromotionSkipsEndingWaiter' . \
   $'} else {\n\t\tl.waiters.Remove(s.elem)' \
@@ -91,7 +91,7 @@ mutant push-after-final-frame server.go 'TestWaiterEndingAsHolderLeaves|TestProm
 mutant write-after-failed-write server.go 'TestNothingIsWrittenAfterAFrameLeftUnfinished|TestNoWriteAfterFailedPush|TestNoPushAfterAFailedWaiting' . \
   $'srv.stopLocked(s, err)\n\t\t\ts.owedWaiting, s.owedAcquired, s.final = 0, 0, nil' \
   'srv.stopLocked(s, err)'
-# Rule 3 (stopLocked): another party's end keeps what was owed (a push, a
+# Rule 4 (stopLocked): another party's end keeps what was owed (a push, a
 # heartbeat's answer) and writes it before the final ERROR.
 mutant push-after-force-release server.go 'TestForceReleaseDropsADecidedPush|TestNoPushAfterForceRelease|TestNoHeartbeatReplyAfterKickWaiter' . \
   $'if s.phase < phaseEnding {\n\t\ts.dropLocked()' \
@@ -101,7 +101,7 @@ mutant push-after-force-release server.go 'TestForceReleaseDropsADecidedPush|Tes
 mutant heartbeat-reply-after-stop server.go 'TestForceReleaseDropsADecidedHeartbeatReply|TestNoHeartbeatReplyAfterForceRelease|TestNoHeartbeatReplyAfterKickWaiter' . \
   $'\tcase s.phase >= phaseEnding:\n\t\treturn errEnded\n' \
   ''
-# Rule 3 (endLocked): an end without an ERROR (a lease, a read error, too
+# Rule 4 (endLocked): an end without an ERROR (a lease, a read error, too
 # many answers owed) keeps what was owed and writes it.
 mutant end-without-error-keeps-owed server.go 'TestExpiredSessionGetsNothingMore|TestOwedAnswersAreBounded|TestBlockedWriteEndsAtTheLease' . \
   $'} else { // an end without a word: nothing more is written\n\t\ts.dropLocked()' \
@@ -116,7 +116,7 @@ mutant own-end-not-stopped server.go 'TestPushTakenBeforeALeaseEndIsNeverWritten
 mutant cut-after-the-end server.go 'TestPushBegunAtALeaseEndIsCut|TestPushDuringALeaseEndsCriticalSectionIsCut' . \
   $'\t\ts.conn.SetWriteDeadline(time.Unix(1, 0))\n' \
   $'\t\tgo func() { time.Sleep(time.Millisecond); s.conn.SetWriteDeadline(time.Unix(1, 0)) }()\n'
-# Rule 3 (endLocked): a kicked waiter stays queued.
+# Rule 4 (endLocked): a kicked waiter stays queued.
 mutant kick-leaves-waiter-queued server.go 'TestWaiterEndingAsHolderLeaves|TestForceReleaseAndKickWaiter|TestRaceHunt' . \
   $'} else {\n\t\tl.waiters.Remove(s.elem)' \
   $'} else if !errors.Is(why, ErrClosedByAdmin) {\n\t\tl.waiters.Remove(s.elem)'
@@ -141,7 +141,7 @@ mutant sessions-forgotten-before-final-frame server.go 'TestCloseCutsAFinalFrame
 mutant push-timeout-released-graceful server.go 'TestPushTimeoutIsReleasedAsIOTimeout' . \
   'srv.stopLocked(s, err)' \
   'srv.stopLocked(s, errEnded)'
-# Rule 4 (promoteLocked): a waiter whose lease has passed is granted.
+# Rule 7 (promoteLocked): a waiter whose lease has passed is granted.
 mutant promotion-grants-expired-waiter server.go 'TestPromotionSkipsExpiredWaiter|TestRaceHunt' . \
   'if time.Since(next.seen) >= next.lease {' \
   'if false && time.Since(next.seen) >= next.lease {'
@@ -250,11 +250,11 @@ mutant other-writer-keeps-to-the-lease server.go 'TestPushWriterKeepsToTheIOTime
 mutant own-writer-ignores-the-lease server.go 'TestBlockedWriteEndsAtTheLease|TestClientThatNeverReadsDelaysNobody' . \
   'if own && (s.phase == phaseWaiting || s.phase == phaseHolding) {' \
   'if false && own && (s.phase == phaseWaiting || s.phase == phaseHolding) {'
-# Rule 6 (endLocked): the release is queued after the grant it allows.
+# Rule 9 (endLocked): the release is queued after the grant it allows.
 mutant release-event-after-the-grant server.go 'TestForceReleaseAndKickWaiter|TestPromotionSkipsExpiredWaiter|TestRaceHunt' . \
   $'\t\tsrv.emitLocked(Event{Type: EventReleased, Token: s.token, Held: held, Reason: reason}, s)\n\t\tif !srv.closing.Load() {\n\t\t\tsrv.promoteLocked(l)\n\t\t}\n' \
   $'\t\tif !srv.closing.Load() {\n\t\t\tsrv.promoteLocked(l)\n\t\t}\n\t\tsrv.emitLocked(Event{Type: EventReleased, Token: s.token, Held: held, Reason: reason}, s)\n'
-# Rule 2 (one writer at a time): a decider starts a second writer while one
+# Rule 3 (one writer at a time): a decider starts a second writer while one
 # is at work; the session's goroutine writes beside a writer at work.
 mutant second-writer server.go 'TestRaceHunt|TestForceReleaseDropsADecidedPush|TestLockTableAgainstModel' . \
   $'\tif !s.writing {\n\t\ts.writing = true\n\t\tsrv.wg.Add(1)' \
