@@ -718,7 +718,7 @@ func (c *probeConn) Write(b []byte) (int, error) {
 	}
 	if err != nil {
 		c.failed.CompareAndSwap(0, i)
-		c.log.add(c.name, "write failed: "+err.Error(), nil)
+		c.log.failed(c.name, err, b, n)
 	}
 	return n, err
 }
@@ -755,6 +755,7 @@ func (c *probeConn) SetDeadline(t time.Time) error {
 type probeEntry struct {
 	conn, what string
 	b          []byte
+	sent       int // of a failed write's b, the bytes it wrote
 }
 
 func (e probeEntry) String() string { return fmt.Sprintf("%s %s % x", e.conn, e.what, e.b) }
@@ -769,11 +770,18 @@ type probeLog struct {
 func (l *probeLog) add(conn, what string, b []byte) int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.entries = append(l.entries, probeEntry{conn, what, bytes.Clone(b)})
+	l.entries = append(l.entries, probeEntry{conn: conn, what: what, b: bytes.Clone(b)})
 	return len(l.entries) - 1
 }
 
 func (l *probeLog) mark(what string) int { return l.add("test", what, nil) }
+
+// failed logs a write of b that failed after sent bytes.
+func (l *probeLog) failed(conn string, err error, b []byte, sent int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.entries = append(l.entries, probeEntry{conn, "write failed: " + err.Error(), bytes.Clone(b), sent})
+}
 
 func (l *probeLog) retitle(i int, what string) {
 	l.mu.Lock()
@@ -890,9 +898,30 @@ func showFrames(fs []Frame) string {
 
 // writesAfterStop returns the writes to conn that began after log entry
 // mark, when an administrator's call that ended its session returned,
-// other than its final ERROR (with code, unless code is 0).
+// other than its final ERROR (with code, unless code is 0) and the rest of
+// a frame that a write the call cut had begun (the server finishes it
+// alone): no frame but the ERROR begins after the call.
 func writesAfterStop(log *probeLog, mark int, conn string, code Code) []probeEntry {
-	writes := log.writesSince(mark, conn)
+	var writes []probeEntry
+	var rest []byte // of the frame the last failed write stopped inside
+	log.mu.Lock()
+	for i, e := range log.entries {
+		switch {
+		case e.conn != conn:
+		case strings.HasPrefix(e.what, "write failed"):
+			rest = nil
+			if end := frameEnd(e.b, e.sent); end > e.sent {
+				rest = e.b[e.sent:end]
+			}
+		case e.what == "write":
+			finishing := rest != nil && bytes.Equal(e.b, rest)
+			rest = nil
+			if i > mark && !finishing {
+				writes = append(writes, e)
+			}
+		}
+	}
+	log.mu.Unlock()
 	if n := len(writes); n > 0 {
 		w := writes[n-1].b
 		if f, err := ReadFrame(bytes.NewReader(w)); err == nil && f.Type == TypeError && (code == 0 || f.Code == code) && len(w) == 3+len(f.Reason) {

@@ -6,6 +6,8 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
+	"math"
 	"math/rand/v2"
 	"net"
 	"os"
@@ -14,6 +16,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -34,7 +37,7 @@ import (
 
 var (
 	huntSeeds = flag.Int("seeds", 300, "how many seeds TestRaceHunt plays")
-	huntSeed  = flag.Int("seed", -1, "the one seed TestRaceHunt plays, when not -1")
+	huntSeed  = flag.Int("seed", -1, "the one seed TestRaceHunt plays, and TestRaceHuntOverTCP's script, when not -1")
 )
 
 func TestRaceHunt(t *testing.T) {
@@ -54,6 +57,209 @@ func TestRaceHunt(t *testing.T) {
 			t.Fatalf("shrunk reproduction: %+v: %v\n(again: go test -run 'TestRaceHunt$' -seed %d)", small, small.play(t), seed)
 		}
 	}
+}
+
+// TestRaceHuntOverTCP plays TestRaceHunt's clients (huntClient.play) and
+// administrator (huntAdmin) against a Server over real TCP on loopback,
+// in real time, and holds what they saw to the same checks: each byte
+// stream to the grammar (huntClient.check), the events to the table's
+// rules (checkEvents), and the server's writes to "nothing but the final
+// ERROR after an administrator's call returned" (writesAfterStop). What it
+// adds to the hunt over pipes, where every write waits for its read and
+// each heartbeat is read alone: heartbeats in bursts of up to 400 that the
+// kernel coalesces, so that the server reads many in one read, with an
+// ACQUIRE, or with the bad byte after them (the server must answer every
+// one before its ERROR); connections reset by a close with unread bytes; 60 sessions at once (the script is calmer than
+// over pipes, calm 4, so that they live long enough to flood); a third of
+// the clients that read nothing until late, with the least buffers the
+// kernel allows (2 KiB asked for the clients' receive side, before the
+// connect; the least send buffer on the server's side); and the
+// scheduler's real interleavings at real instants.
+//
+// What it cannot check in real time, and so does not: the lease's exact
+// boundaries (checkGrants: the server takes lastSeenAt after its read
+// returns, on a noisy machine any time later, so nothing the test
+// observes bounds a grant by it); the number of answers a session was
+// owed when another party ended it (see check: over TCP any number may be
+// dropped); the tail of a stream that a reset or a failed write cut.
+// Nor does it reliably reach a server write blocked on a client that does
+// not read: a session's answers come at most a thousand a second (the
+// server's flood pause), so a holder that does not read fills even the
+// least buffers (about 5 KiB) only after some 0.6s of flooding, longer
+// than the administrator, every 0 to 60ms, mostly lets it hold; the run
+// logs how many writes timed out or returned part-way. The checks hold
+// for any timing, so the verdict does not depend on it. A run is one
+// script (its seed is logged; -seed replays the script, not the timing).
+func TestRaceHuntOverTCP(t *testing.T) {
+	const (
+		clients = 60
+		steps   = 40
+		lease   = 200 * time.Millisecond
+	)
+	seed := uint64(time.Now().UnixNano())
+	if *huntSeed >= 0 {
+		seed = uint64(*huntSeed)
+	}
+	rng := rand.New(rand.NewPCG(seed, 0x746370))
+	var evMu sync.Mutex
+	var events []Event
+	srv := &Server{IOTimeout: 2 * lease, OnEvent: func(ev Event) {
+		evMu.Lock()
+		events = append(events, ev)
+		evMu.Unlock()
+	}}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := &probeListener{Listener: ln}
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(l) }()
+	t.Cleanup(func() { srv.Close() }) // after a Fatal
+
+	// The clients' receive buffers are set before the connect: set after
+	// it (SetReadBuffer), one leaves the window the handshake advertised,
+	// 64 KiB, which the kernel never retracts.
+	dialer := net.Dialer{Timeout: wait, Control: func(_, _ string, rc syscall.RawConn) error {
+		if setReceiveBuffer == nil {
+			return nil
+		}
+		var err error
+		rc.Control(func(fd uintptr) { err = setReceiveBuffer(fd, 2048) })
+		return err
+	}}
+	over := make(chan struct{}) // the server has shut down
+	hunters := make([]*huntClient, clients)
+	var wg sync.WaitGroup
+	lateReaders := 0
+	for i := range hunters {
+		c, err := dialer.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		conn := c.(*net.TCPConn)
+		conn.SetWriteDeadline(time.Now().Add(wait))
+		hc := &huntClient{name: conn.LocalAddr().String(), overTCP: true, burst: 400, calm: 4, over: over}
+		hunters[i] = hc
+		script := rand.New(rand.NewPCG(rng.Uint64(), uint64(i)))
+		var readFrom time.Duration
+		if rng.IntN(3) == 0 {
+			readFrom = tick(rng, 6*lease)
+			lateReaders++
+		}
+		wg.Add(2)
+		go func() {
+			defer wg.Done()
+			select {
+			case <-time.After(readFrom):
+			case <-over:
+			}
+			conn.SetReadDeadline(time.Now().Add(wait))
+			hc.readAll(conn)
+		}()
+		go func() { defer wg.Done(); hc.play(conn, script, steps, lease) }()
+	}
+
+	admin := &huntAdmin{srv: srv, log: &l.log, r: rand.New(rand.NewPCG(rng.Uint64(), 99))}
+	pause := func() time.Duration { return time.Duration(admin.r.IntN(60)) * time.Millisecond }
+	if err := admin.run(math.MaxInt, pause, 6*lease, wait); err != nil {
+		t.Fatalf("seed %d: %v", seed, err)
+	}
+	close(over)
+	awaitFunc(t, "the clients' end after the shutdown", wg.Wait)
+	select {
+	case err := <-served:
+		if err != ErrServerClosed {
+			t.Fatalf("Serve returned %v", err)
+		}
+	case <-time.After(wait):
+		t.Fatalf("Serve did not return within %v of Shutdown", wait)
+	}
+
+	// The requests each session read: the valid ones that end within the
+	// bytes the server read from it.
+	read := map[string]int{}
+	wrote := map[string]int{}
+	var writes, failed, partial, timeouts int
+	l.log.mu.Lock()
+	entries := l.log.entries
+	l.log.mu.Unlock()
+	for _, e := range entries {
+		switch {
+		case e.what == "read":
+			read[e.conn] += len(e.b)
+		case e.what == "write":
+			writes++
+			wrote[e.conn] += len(e.b)
+		case strings.HasPrefix(e.what, "write failed"):
+			if strings.Contains(e.what, "timeout") {
+				timeouts++
+			}
+			failed++
+			if e.sent > 0 { // else its "write" entry says "nothing sent"
+				wrote[e.conn] -= len(e.b) - e.sent
+			}
+			if e.sent > 0 && e.sent < len(e.b) {
+				partial++
+			}
+		}
+	}
+	var cut, lost, own int
+	for _, hc := range hunters {
+		if len(hc.received) < wrote[hc.name] && !hc.selfEnd {
+			lost++
+		}
+		hc.valid = 0
+		for _, end := range hc.ends {
+			if end <= read[hc.name] {
+				hc.valid++
+			}
+		}
+		if isTimeoutErr(hc.readErr) {
+			t.Errorf("seed %d: client %s: still connected %v after it began reading", seed, hc.name, wait)
+		}
+		for r := bytes.NewReader(hc.received); r.Len() > 0; {
+			f, err := ReadFrame(r)
+			if errors.Is(err, io.ErrUnexpectedEOF) {
+				cut++
+			} else if err == nil && f.Type == TypeError && !f.Code.Temporary() {
+				own++
+			}
+			if err != nil {
+				break
+			}
+		}
+	}
+	if err := checkClients(hunters, admin, &l.log); err != nil {
+		t.Errorf("seed %d: %v", seed, err)
+	}
+	evMu.Lock()
+	defer evMu.Unlock()
+	if err := checkEvents(events, admin.forced); err != nil {
+		t.Errorf("seed %d: %v", seed, err)
+	}
+	t.Logf("seed %d: %d clients (%d read late); %d events, %d sessions ended by the administrator (%d force-releases); the server wrote %d times, %d failed (%d timed out, %d part-way); %d streams lost bytes the server wrote (%d cut inside a frame); %d ended by the client's own ERROR",
+		seed, clients, lateReaders, len(events), len(admin.stops), len(admin.forced), writes, failed, timeouts, partial, lost, cut, own)
+}
+
+// setReceiveBuffer sets a socket's SO_RCVBUF, where the platform has it
+// (hunt_unix_test.go); nil elsewhere.
+var setReceiveBuffer func(fd uintptr, n int) error
+
+// probeListener hands the server probeConns over TCP, with the least send
+// buffer the kernel allows.
+type probeListener struct {
+	net.Listener
+	log probeLog
+}
+
+func (l *probeListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	c.(*net.TCPConn).SetWriteBuffer(1)
+	return &probeConn{Conn: c, name: c.RemoteAddr().String(), log: &l.log}, nil
 }
 
 type huntConfig struct {
@@ -85,8 +291,20 @@ type huntClient struct {
 	valid    int    // complete, valid requests the server read
 	selfEnd  bool   // it closed the connection itself
 	received []byte
+	readErr  error // what ended readAll
 
 	seen []time.Time // when the server read each valid request: a write to a pipe returns at the (fake) instant of its read
+
+	// Over TCP a write returns before the server reads it: the client
+	// keeps where each valid request ends in its stream (ends, among the
+	// sent bytes), and the test counts valid from the server's reads.
+	overTCP bool
+	burst   int             // over TCP: heartbeats a write sends, 1 to burst
+	calm    int             // over TCP: the odds of a step other than heartbeats are divided by calm
+	over    <-chan struct{} // over TCP: closed when sleeping is pointless (the server has shut down)
+	broke   bool            // it sent a byte that ends the session: no later request counts
+	sent    int
+	ends    []int
 }
 
 // play runs the configuration in a bubble of its own. It reports through
@@ -124,68 +342,99 @@ func (c huntConfig) bubble() error {
 		go func() { defer wg.Done(); hc.play(conn, script, c.steps, lease) }()
 	}
 
-	var forced []huntForce
-	var stops []huntStop
 	chaos := rand.New(rand.NewPCG(rng.Uint64(), 99))
+	admin := &huntAdmin{srv: srv, log: &l.log, r: chaos}
 	shutdownAt := tick(chaos, 6*lease)
+	var shutdown error
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		start := time.Now()
-		for range c.chaos {
-			time.Sleep(tick(chaos, lease))
-			if time.Since(start) > shutdownAt {
-				break
-			}
-			locks := srv.Locks()
-			if len(locks) == 0 {
-				continue
-			}
-			li := locks[chaos.IntN(len(locks))]
-			switch {
-			case chaos.IntN(2) == 0 && len(li.Waiters) > 0:
-				if info, err := srv.KickWaiter(li.Name, li.Waiters[chaos.IntN(len(li.Waiters))].RemoteAddr); err == nil {
-					stops = append(stops, huntStop{info.RemoteAddr, "KickWaiter", l.log.mark("KickWaiter returned")})
-				}
-			case li.Holder != nil:
-				token := li.Holder.Token
-				if chaos.IntN(3) == 0 {
-					token = 0
-				}
-				if info, err := srv.ForceRelease(li.Name, token); err == nil {
-					stops = append(stops, huntStop{info.RemoteAddr, "ForceRelease", l.log.mark("ForceRelease returned")})
-					forced = append(forced, huntForce{info.RemoteAddr, info.Token})
-				}
-			}
-		}
-		time.Sleep(max(0, shutdownAt-time.Since(start)))
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		if err := srv.Shutdown(ctx); err != nil {
-			panic(fmt.Sprintf("shutdown: %v", err)) // a fake minute: it hangs
-		}
+		shutdown = admin.run(c.chaos, func() time.Duration { return tick(chaos, lease) }, shutdownAt, time.Minute) // a fake minute: it hangs
 	}()
 	wg.Wait()
+	if shutdown != nil {
+		return shutdown
+	}
 	if err := <-served; err != ErrServerClosed {
 		return fmt.Errorf("Serve returned %v", err)
 	}
-	for _, hc := range clients {
-		if err := hc.check(); err != nil {
-			return fmt.Errorf("client %s: %w (received % x)", hc.name, err, hc.received)
-		}
-	}
-	for _, st := range stops {
-		// Its final ERROR is 0x02, or the code of the end it was already on.
-		if late := writesAfterStop(&l.log, st.mark, st.remote, 0); len(late) > 0 {
-			return fmt.Errorf("client %s: written to after %s returned: %v; it received %s", st.remote, st.call, late, byName(clients, st.remote).frames())
-		}
+	if err := checkClients(clients, admin, &l.log); err != nil {
+		return err
 	}
 	evMu.Lock()
 	defer evMu.Unlock()
 	if err := checkGrants(events, clients, lease, start); err != nil {
 		return err
 	}
-	return checkEvents(events, forced)
+	return checkEvents(events, admin.forced)
+}
+
+// checkClients holds each client's stream to the grammar (check), and the
+// server's writes to each session an administrator ended to "nothing but
+// the final ERROR after the call returned".
+func checkClients(clients []*huntClient, admin *huntAdmin, log *probeLog) error {
+	for _, hc := range clients {
+		if err := hc.check(); err != nil {
+			return fmt.Errorf("client %s: %w (received % x)", hc.name, err, hc.received)
+		}
+	}
+	for _, st := range admin.stops {
+		// Its final ERROR is 0x02, or the code of the end it was already on.
+		if late := writesAfterStop(log, st.mark, st.remote, 0); len(late) > 0 {
+			return fmt.Errorf("client %s: written to after %s returned: %v; it received %s", st.remote, st.call, late, byName(clients, st.remote).frames())
+		}
+	}
+	return nil
+}
+
+// huntAdmin is a hunt's administrator.
+type huntAdmin struct {
+	srv    *Server
+	log    *probeLog // of the server's connections, where it marks its calls' returns
+	r      *rand.Rand
+	forced []huntForce // what its ForceReleases released
+	stops  []huntStop  // the sessions its calls ended
+}
+
+// run makes up to rounds calls, each after a pause, until shutdownAt from
+// now: it kicks a random waiter of a random lock, or force-releases its
+// holder (by its token, or by 0 a time in three). Then it shuts the server
+// down, for no longer than bound.
+func (a *huntAdmin) run(rounds int, pause func() time.Duration, shutdownAt, bound time.Duration) error {
+	srv, start := a.srv, time.Now()
+	for range rounds {
+		time.Sleep(pause())
+		if time.Since(start) > shutdownAt {
+			break
+		}
+		locks := srv.Locks()
+		if len(locks) == 0 {
+			continue
+		}
+		li := locks[a.r.IntN(len(locks))]
+		switch {
+		case a.r.IntN(2) == 0 && len(li.Waiters) > 0:
+			if info, err := srv.KickWaiter(li.Name, li.Waiters[a.r.IntN(len(li.Waiters))].RemoteAddr); err == nil {
+				a.stops = append(a.stops, huntStop{info.RemoteAddr, "KickWaiter", a.log.mark("KickWaiter returned")})
+			}
+		case li.Holder != nil:
+			token := li.Holder.Token
+			if a.r.IntN(3) == 0 {
+				token = 0
+			}
+			if info, err := srv.ForceRelease(li.Name, token); err == nil {
+				a.stops = append(a.stops, huntStop{info.RemoteAddr, "ForceRelease", a.log.mark("ForceRelease returned")})
+				a.forced = append(a.forced, huntForce{info.RemoteAddr, info.Token})
+			}
+		}
+	}
+	time.Sleep(max(0, shutdownAt-time.Since(start)))
+	ctx, cancel := context.WithTimeout(context.Background(), bound)
+	defer cancel()
+	if err := srv.Shutdown(ctx); err != nil {
+		return fmt.Errorf("Shutdown: %v", err)
+	}
+	return nil
 }
 
 func byName(clients []*huntClient, name string) *huntClient {
@@ -250,24 +499,58 @@ func (hc *huntClient) play(conn net.Conn, r *rand.Rand, steps int, lease time.Du
 			conn.Close()
 		}
 	}()
-	// write sends b, whose first valid bytes are one valid request (if
-	// valid is not 0), the rest a byte that ends the session.
+	// write sends b, whose first valid bytes are valid requests (one
+	// ACQUIRE, or as many heartbeats), the rest bytes that end the session.
 	write := func(b []byte, valid int) bool {
-		if _, err := conn.Write(b); err != nil {
+		if hc.broke {
+			valid = 0
+		}
+		var ends []int // in b
+		for e := 1; e <= valid; e++ {
+			if b[0] != TypeAcquire || e == valid {
+				ends = append(ends, e)
+			}
+		}
+		hc.broke = valid < len(b)
+		n, err := conn.Write(b)
+		for _, e := range ends {
+			if e <= n {
+				hc.ends = append(hc.ends, hc.sent+e)
+			}
+		}
+		hc.sent += n
+		if err != nil {
 			return false
 		}
-		if valid > 0 {
+		for range ends {
 			hc.valid++
 			hc.seen = append(hc.seen, time.Now())
 		}
 		return true
 	}
-	time.Sleep(tick(r, []time.Duration{lease / 2, 6 * lease}[r.IntN(2)])) // some join late, as the shutdown comes
+	sleep := time.Sleep
+	if hc.over != nil {
+		sleep = func(d time.Duration) {
+			select {
+			case <-time.After(d):
+			case <-hc.over:
+			}
+		}
+	}
+	// beats is how many heartbeats the next write sends: 1 to burst, few
+	// more often than many.
+	beats := func() int {
+		if hc.burst > 1 {
+			return 1 + r.IntN(1+r.IntN(hc.burst))
+		}
+		return 1
+	}
+	sleep(tick(r, []time.Duration{lease / 2, 6 * lease}[r.IntN(2)])) // some join late, as the shutdown comes
 	name := []string{"a", "b"}[r.IntN(2)]
 	ok := true
 	switch r.IntN(20) {
 	case 4:
-		time.Sleep(3 * lease) // past the io-timeout: the server closes first
+		sleep(3 * lease) // past the io-timeout: the server closes first
 		ok = false
 	case 0:
 		ok = write([]byte{TypeHeartbeat}, 0)
@@ -283,7 +566,7 @@ func (hc *huntClient) play(conn net.Conn, r *rand.Rand, steps int, lease time.Du
 		ok = write(b, len(b))
 	}
 	for step := 0; ok && step < steps; step++ {
-		switch k := r.IntN(20); {
+		switch k := r.IntN(20 * max(1, hc.calm)); {
 		case k == 0:
 			hc.selfEnd = true
 			return
@@ -293,23 +576,24 @@ func (hc *huntClient) play(conn net.Conn, r *rand.Rand, steps int, lease time.Du
 			b, _ := acquire(name, lease).AppendBinary(nil)
 			ok = write(b, 0) // duplicate
 		case k == 3:
-			time.Sleep(lease + lease/2) // silent past the lease
+			sleep(lease + lease/2) // silent past the lease
 		case k == 4:
 			write([]byte{TypeAcquire}, 0) // half a frame (a duplicate ACQUIRE's type byte), then silence
-			time.Sleep(lease)
+			sleep(lease)
 			return
 		case k == 5:
-			time.Sleep(tick(r, lease/2))
+			sleep(tick(r, lease/2))
 			ok = write([]byte{TypeHeartbeat, 0x7f}, 1) // read at once: answered, then the end
 		default:
-			time.Sleep(tick(r, lease/2))
-			ok = write([]byte{TypeHeartbeat}, 1)
+			sleep(tick(r, lease/2))
+			n := beats()
+			ok = write(bytes.Repeat([]byte{TypeHeartbeat}, n), n)
 		}
 	}
 	if ok {
 		hc.selfEnd = r.IntN(2) == 0
 		if !hc.selfEnd {
-			time.Sleep(3 * lease) // until the server drops it
+			sleep(3 * lease) // until the server drops it
 		}
 	}
 }
@@ -333,6 +617,7 @@ func (hc *huntClient) readAll(conn net.Conn) {
 		n, err := conn.Read(buf)
 		hc.received = append(hc.received, buf[:n]...)
 		if err != nil {
+			hc.readErr = err
 			conn.Close()
 			return
 		}
@@ -343,12 +628,26 @@ func (hc *huntClient) readAll(conn net.Conn) {
 // valid request the server read (an ERROR may answer the last one), at most one pushed ACQUIRED and only to a
 // waiter, never WAITING after ACQUIRED, one token, and at most one ERROR,
 // last.
+//
+// Over TCP two of these cannot be held, and check says which (overTCP):
+// the stream may end inside a frame (a write that failed part-way, or the
+// close's reset discarding what the kernel had not delivered to a client
+// that did not read), and answers owed when another party ended the
+// session (an administrator, the shutdown, a failed write) or it expired
+// are dropped, any number of them, not just the one a script over a pipe
+// can have in flight. Only an ERROR for the client's own mistake (a code
+// of 0x10 or above: the session ended on its own, nothing was dropped)
+// still says that every request read was answered.
 func (hc *huntClient) check() error {
 	var answers, waitings int
 	var token uint64
+	var code Code
 	acquired, failed := false, false
 	for r := bytes.NewReader(hc.received); r.Len() > 0; {
 		f, err := ReadFrame(r)
+		if hc.overTCP && errors.Is(err, io.ErrUnexpectedEOF) {
+			break // a tail the close lost; nothing can follow it
+		}
 		if err != nil {
 			return fmt.Errorf("not a frame: %v", err)
 		}
@@ -366,7 +665,7 @@ func (hc *huntClient) check() error {
 			acquired, token = true, f.Token
 			answers++
 		case TypeError:
-			failed = true
+			failed, code = true, f.Code
 			if r.Len() > 0 {
 				return fmt.Errorf("%d bytes after ERROR 0x%02x", r.Len(), uint8(f.Code))
 			}
@@ -375,8 +674,11 @@ func (hc *huntClient) check() error {
 		}
 	}
 	pushes := answers - hc.valid
-	if failed && pushes == -1 {
+	if failed && pushes == -1 && !hc.overTCP {
 		pushes = 0 // the ERROR answered the last request
+	}
+	if hc.overTCP && pushes < 0 && !(failed && !code.Temporary()) {
+		pushes = 0 // dropped by another party's end, or the lease's
 	}
 	switch {
 	case pushes < 0 && !hc.selfEnd:
