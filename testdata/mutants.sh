@@ -101,6 +101,12 @@ mutant push-after-force-release server.go 'TestForceReleaseDropsADecidedPush|Tes
 mutant heartbeat-reply-after-stop server.go 'TestForceReleaseDropsADecidedHeartbeatReply|TestNoHeartbeatReplyAfterForceRelease|TestNoHeartbeatReplyAfterKickWaiter' . \
   $'\tcase s.phase >= phaseEnding:\n\t\treturn errEnded\n' \
   ''
+# Rule 6 (heartbeatLocked): heartbeats read together with a bad byte are
+# left unanswered (over pipes each heartbeat is read alone; over TCP a
+# burst and its bad byte arrive in one read).
+mutant beats-before-a-bad-byte-unanswered server.go 'TestRaceHuntOverTCP$|TestAcquireAndBadByteInOneSegmentAreDecidedTogether|TestSplitAndCoalescedFrames' . \
+  $'\tif beats > 0 {' \
+  $'\tif beats > 0 && bad == nil {'
 # Rule 4 (endLocked): an end without an ERROR (a lease, a read error, too
 # many answers owed) keeps what was owed and writes it.
 mutant end-without-error-keeps-owed server.go 'TestExpiredSessionGetsNothingMore|TestOwedAnswersAreBounded|TestBlockedWriteEndsAtTheLease' . \
