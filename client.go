@@ -39,8 +39,9 @@ type Config struct {
 	Address string // host:port of the server
 	Dialer  Dialer // nil means a zero net.Dialer
 
-	// OnRetry, if set, is told by DoRetry why each attempt (from 1) failed
-	// and how long it waits: a wrong address is retried, silently without it.
+	// OnRetry, if set, is told by AcquireRetry and DoRetry why each attempt
+	// (from 1) failed and how long it waits: a wrong address is retried,
+	// silently without it.
 	OnRetry func(attempt int, err error, wait time.Duration)
 }
 
@@ -81,10 +82,10 @@ func (c *Client) DoRetry(ctx context.Context, name string, lease time.Duration, 
 // any reply) and codes below 0x10: at once after 0x01 (another server may
 // listen), else after [base, 1.5×base), base 100ms doubling to 5s (the
 // jitter keeps clients out of step). Invalid input, codes from 0x10, a
-// protocol violation, a server certificate that does not verify (by the
-// chain, or by the Dialer's own VerifyConnection or VerifyPeerCertificate
-// of a *tls.Dialer), a TLS alert from the server and the end of ctx return
-// at once.
+// protocol violation, an address that is not host:port, a server
+// certificate that does not verify (by the chain, or by the Dialer's own
+// VerifyConnection or VerifyPeerCertificate of a *tls.Dialer), a TLS
+// alert from the server and the end of ctx return at once.
 func (c *Client) AcquireRetry(ctx context.Context, name string, lease time.Duration) (*Lock, error) {
 	backoff := 100 * time.Millisecond
 	for attempt, again := 1, false; ; attempt++ {
@@ -98,7 +99,8 @@ func (c *Client) AcquireRetry(ctx context.Context, name string, lease time.Durat
 		switch isServerErr := errors.As(err, &se); {
 		case ctx.Err() != nil:
 			return nil, ctxErr(ctx)
-		case errors.As(err, new(*tls.CertificateVerificationError)), errors.As(err, &alert) && alert.Op == "remote error":
+		case errors.As(err, new(*tls.CertificateVerificationError)), errors.As(err, &alert) && alert.Op == "remote error",
+			errors.As(err, new(*net.AddrError)): // an address without a port, say
 			return nil, err
 		case isServerErr && se.Code == CodeShuttingDown && !again:
 			wait = 0 // at once, but only once in a row: a server may say it forever
@@ -184,18 +186,30 @@ func finalRefusals(d Dialer) Dialer {
 	if !ok || td.Config == nil || td.Config.VerifyConnection == nil && td.Config.VerifyPeerCertificate == nil {
 		return d
 	}
-	final := func(err error) error {
+	final := func(err error, certs []*x509.Certificate) error {
 		if err == nil || errors.As(err, new(*tls.CertificateVerificationError)) {
 			return err
 		}
-		return &tls.CertificateVerificationError{Err: err}
+		return &tls.CertificateVerificationError{UnverifiedCertificates: certs, Err: err}
 	}
 	cfg := td.Config.Clone()
 	if verify := cfg.VerifyConnection; verify != nil {
-		cfg.VerifyConnection = func(cs tls.ConnectionState) error { return final(verify(cs)) }
+		cfg.VerifyConnection = func(cs tls.ConnectionState) error { return final(verify(cs), cs.PeerCertificates) }
 	}
 	if verify := cfg.VerifyPeerCertificate; verify != nil {
-		cfg.VerifyPeerCertificate = func(raw [][]byte, chains [][]*x509.Certificate) error { return final(verify(raw, chains)) }
+		cfg.VerifyPeerCertificate = func(raw [][]byte, chains [][]*x509.Certificate) error {
+			err := verify(raw, chains)
+			if err == nil {
+				return nil
+			}
+			var certs []*x509.Certificate
+			for _, der := range raw {
+				if c, perr := x509.ParseCertificate(der); perr == nil {
+					certs = append(certs, c)
+				}
+			}
+			return final(err, certs)
+		}
 	}
 	return &tls.Dialer{NetDialer: td.NetDialer, Config: cfg}
 }

@@ -137,6 +137,14 @@ func runMain(args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		return usageErr("%v", err)
 	}
+	// What no retry can mend is said at once.
+	host, _, err := net.SplitHostPort(*addr)
+	switch _, isTLS := dialer.(*tls.Dialer); {
+	case err != nil:
+		return usageErr("-addr: %v", err)
+	case isTLS && host == "" && *tlsName == "":
+		return usageErr("-addr %s names no host to verify the server's certificate against: give -tls-server-name", *addr)
+	}
 
 	sigs := make(chan os.Signal, 16)
 	signal.Notify(sigs, append(append([]os.Signal{}, forwardedSignals...), ignoredSignals...)...)
@@ -151,7 +159,13 @@ func runMain(args []string, stdout, stderr io.Writer) int {
 		defer stop()
 	}
 	var sig os.Signal
-	var retrying atomic.Bool
+	// The retries: an attempt begins with a dial and, when it fails, ends
+	// with OnRetry; between the two, the failed one's reason says why run
+	// waits, and the waiting line would not.
+	held := &heldDialer{d: dialer}
+	defer held.finish()
+	var failed atomic.Int32
+	betweenAttempts := func() bool { n := failed.Load(); return n > 0 && held.dials.Load() == n }
 	waited := make(chan struct{})
 	// One line after a second of waiting, so that a run that waits is not
 	// taken for one that hangs. The protocol does not say who holds a lock;
@@ -167,7 +181,7 @@ func runMain(args []string, stdout, stderr io.Writer) int {
 		for {
 			select {
 			case <-patience:
-				if !retrying.Load() { // the retry's line said why
+				if !betweenAttempts() { // else the retry's line said why
 					go func() { fmt.Fprintln(stderr, waitingLine(name, *addr, *admin)) }()
 				}
 			case s := <-sigs:
@@ -181,12 +195,11 @@ func runMain(args []string, stdout, stderr io.Writer) int {
 			}
 		}
 	}()
-	held := &heldDialer{d: dialer}
-	defer held.finish()
-	var lastRetry error // of the attempt before the one that ended the wait
+	var lastRetry error // of the last failed attempt
 	client := monolock.New(monolock.Config{Address: *addr, Dialer: held, OnRetry: func(attempt int, err error, _ time.Duration) {
+		lastRetry = err
+		failed.Store(int32(attempt))
 		if attempt == 1 {
-			retrying.Store(true)
 			limit := "no -wait: until granted or a signal"
 			if *wait > 0 {
 				limit = fmt.Sprintf("until granted or -wait %v", *wait)
@@ -195,7 +208,6 @@ func runMain(args []string, stdout, stderr io.Writer) int {
 			// must not keep run from ending its wait.
 			go fmt.Fprintf(stderr, "monolock run: lock %q at %s not acquired yet: %s; retrying (%s)\n", name, *addr, printable(err.Error()), limit)
 		}
-		lastRetry = err
 	}})
 	acquire := client.AcquireRetry
 	if nonblock { // -n does not wait, for the server no more than for the lock
@@ -210,7 +222,7 @@ func runMain(args []string, stdout, stderr io.Writer) int {
 	}
 	if err != nil {
 		last := ""
-		if lastRetry != nil && ctx.Err() != nil {
+		if (errors.Is(err, errWaitTimeout) || errors.Is(err, errSignal)) && betweenAttempts() {
 			last = "; the last attempt: " + lastRetry.Error()
 		}
 		fmt.Fprintf(stderr, "monolock run: %q not acquired: %s\n", name, printable(err.Error()+last))

@@ -5,6 +5,7 @@ import (
 	"io"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/monolock-dev/monolock"
@@ -83,11 +84,13 @@ func (c *heldConn) heartbeat(lease time.Duration, stop <-chan struct{}) {
 
 // heldDialer dials through d and keeps the connection it made.
 type heldDialer struct {
-	d    monolock.Dialer
-	conn *heldConn
+	d     monolock.Dialer
+	conn  *heldConn
+	dials atomic.Int32 // begun
 }
 
 func (h *heldDialer) DialContext(ctx context.Context, network, addr string) (net.Conn, error) {
+	h.dials.Add(1)
 	conn, err := h.d.DialContext(ctx, network, addr)
 	if err != nil {
 		return nil, err
