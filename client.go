@@ -152,10 +152,11 @@ func (c *Client) acquire(ctx context.Context, name string, lease time.Duration, 
 		return nil, err
 	}
 	conn, err := finalRefusals(c.cfg.Dialer).DialContext(ctx, "tcp", c.cfg.Address)
+	var oe *net.OpError
 	switch { // a dial error is the dialer's as it is, with ErrDial
 	case err != nil && ended(ctx):
 		return nil, ctxErr(ctx)
-	case errors.As(err, new(*net.OpError)): // it names the address
+	case errors.As(err, &oe) && oe.Addr != nil: // it names the address (a TLS alert's does not)
 		return nil, &wrapError{"monolock: ", []error{ErrDial, err}}
 	case err != nil:
 		return nil, &wrapError{"monolock: dial " + c.cfg.Address + ": ", []error{ErrDial, err}}

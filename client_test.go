@@ -1808,16 +1808,25 @@ func TestClientCertificateRefusedByTheServerIsNotRetried(t *testing.T) {
 		t.Fatal(err)
 	}
 	addr := serveOn(t, &Server{}, tl)
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	defer cancel()
-	var retries []error
-	c := New(Config{Address: addr,
-		Dialer:  &tls.Dialer{Config: &tls.Config{InsecureSkipVerify: true, Certificates: []tls.Certificate{selfSigned(t)}}},
-		OnRetry: func(_ int, err error, _ time.Duration) { retries = append(retries, err) }})
-	err = c.DoRetry(ctx, "x", time.Second, func(context.Context, uint64) error { return nil })
-	if len(retries) > 0 || errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("DoRetry retried %d times (first: %v) and returned %v; want the certificate error at once",
-			len(retries), retries[0], err)
+	// TLS 1.3 refuses after the client's handshake, at its first read;
+	// TLS 1.2 within the handshake, in the dial.
+	for _, version := range []uint16{tls.VersionTLS13, tls.VersionTLS12} {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		var retries []error
+		c := New(Config{Address: addr,
+			Dialer: &tls.Dialer{Config: &tls.Config{InsecureSkipVerify: true, MaxVersion: version,
+				Certificates: []tls.Certificate{selfSigned(t)}}},
+			OnRetry: func(_ int, err error, _ time.Duration) { retries = append(retries, err) }})
+		err = c.DoRetry(ctx, "x", time.Second, func(context.Context, uint64) error { return nil })
+		if len(retries) > 0 || errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("%s: DoRetry retried %d times and returned %v; want the certificate error at once",
+				tls.VersionName(version), len(retries), err)
+		}
+		if !strings.Contains(err.Error(), addr) && version == tls.VersionTLS12 {
+			t.Errorf("%s: %q does not name the address", tls.VersionName(version), err)
+		}
+		t.Logf("%s: %v", tls.VersionName(version), err)
 	}
 }
 
