@@ -63,6 +63,7 @@ queue() {
 # server.go as written, Go's write semantics. Scenarios: who stops
 # sessions, how many HEARTBEATs the holder (S0) and the waiter (S1) send,
 # how many writes really fail (a reset, the io-timeout).
+queue "no stop, both heartbeat, a write may fail" pass 60 "-DNOADMIN -DNOSHUTDOWN"
 queue "an administrator, the holder heartbeats" pass 60 "-DNOSHUTDOWN -DHB1=0 -DFAILS=0"
 queue "Shutdown, the holder heartbeats, a write may fail" pass 60 "-DNOADMIN -DHB1=0"
 queue "Shutdown then Close" pass 60 "-DNOADMIN -DHB0=0 -DHB1=0 -DCLOSE"
