@@ -3518,3 +3518,90 @@ func TestCutInsideAFrameFinishesItBeforeTheFinalError(t *testing.T) {
 		})
 	}
 }
+
+// (Found by the model, testdata/session.pml.) README: "After ForceRelease
+// or KickWaiter returns, nothing but the ERROR 0x02 begins on that
+// connection"; protocol.md §4: before the ERROR "only a frame whose write
+// had already begun". The cut of dropLocked is a past write deadline, and
+// a Go write looks at its deadline only before it begins and while it
+// waits: a write that is already past that look goes on. Over net.Pipe
+// (a Server serves any net.Listener) a Write picks at random between a
+// reader that is ready and a deadline that has passed, so a batch of
+// answers decided before the stop goes on being written, frame after
+// whole frame, after ForceRelease has returned. Over TCP the window is
+// between internal/poll's deadline check and the write system call.
+//
+// The client reads each frame's first byte by a Read of its own, noting
+// before it whether ForceRelease has returned: net.Pipe hands a byte over
+// inside the Read that takes it, so a first byte that a Read begun after
+// the return takes was written after the return, and only the ERROR 0x02
+// may begin then. The race is a coin toss each time the writer finds the
+// reader waiting at the moment of the cut; it is tried up to 300 times, or
+// for 5 seconds (it fails within the first few tries here).
+func TestNoWholeFrameBeginsAfterForceReleaseReturns(t *testing.T) {
+	l := newPipeListener()
+	srv := &Server{IOTimeout: 3 * time.Second}
+	serveOn(t, srv, l)
+	deadline := time.Now().Add(5 * time.Second)
+	for try := 0; try < 300 && time.Now().Before(deadline); try++ {
+		c := &raw{t: t, Conn: l.dial(fmt.Sprintf("holder%d", try))}
+		c.send(acquire("x", time.Minute))
+		token := c.expectAcquired()
+		c.sendBytes(bytes.Repeat([]byte{TypeHeartbeat}, 32)) // one read, one write of 288 bytes
+
+		var returned atomic.Bool
+		kick := make(chan struct{})
+		kicked := make(chan error, 1)
+		go func() {
+			<-kick
+			_, err := srv.ForceRelease("x", token)
+			returned.Store(true)
+			kicked <- err
+		}()
+		var late []Frame // frames whose first byte a Read begun after the return received
+		var stream []byte
+		buf := make([]byte, 9)
+		c.SetReadDeadline(time.Now().Add(wait))
+		for frame := 0; ; frame++ {
+			if frame == 1+try%8 {
+				close(kick)
+			}
+			after := returned.Load()
+			n, err := io.ReadFull(c, buf[:1])
+			if err != nil {
+				break // the close
+			}
+			rest := 8
+			if buf[0] == TypeError {
+				io.ReadFull(c, buf[1:3])
+				rest = int(buf[2])
+				buf = append(buf[:3], make([]byte, rest)...)
+				n += 2
+			}
+			m, err := io.ReadFull(c, buf[n:n+rest])
+			if err != nil {
+				t.Fatalf("try %d: the stream ends inside a frame (% x, then %v)", try, buf[:n+m], err)
+			}
+			f, err := ReadFrame(bytes.NewReader(buf[:n+m]))
+			if err != nil {
+				t.Fatalf("try %d: % x: %v", try, buf[:n+m], err)
+			}
+			stream = append(stream, buf[:n+m]...)
+			if after && f.Type != TypeError {
+				late = append(late, f)
+			}
+			buf = buf[:9]
+		}
+		if err := await(t, kicked, "ForceRelease to return"); err != nil {
+			t.Fatalf("try %d: ForceRelease: %v", try, err)
+		}
+		c.Close()
+		fs := frames(t, stream)
+		if last := fs[len(fs)-1]; last.Type != TypeError || last.Code != CodeClosedByAdmin {
+			t.Fatalf("try %d: the stream ends with %+v, want ERROR 0x02", try, last)
+		}
+		if len(late) > 0 {
+			t.Fatalf("try %d: %d whole frames began after ForceRelease had returned (the first %+v), then the ERROR 0x02; want only the ERROR 0x02", try, len(late), late[0])
+		}
+	}
+}
