@@ -24,7 +24,7 @@
  * socket has room, whatever the deadline; only when it must wait for room
  * does a passed deadline (or the io-timeout, or a reset) end it. With
  * -DIDEAL the deadline is checked before every unit, as if a deadline
- * stopped a write at its next byte (what docs/sessions.md assumes).
+ * stopped a write at its next byte (what a reader of the cut may assume).
  *
  * Properties, all assertions; -DPROPS=mask selects them (default all):
  *   1 (P1) nothing is decided for a session that has ended; nothing decided
@@ -45,6 +45,13 @@
  *  32 (P6) a session ended with a code (0x01, 0x02, its bad frame) gets
  *      that ERROR whole, unless a write of its own really failed (a reset,
  *      the io-timeout) or Close cut it short
+ *  64 (P2w) P2 for the writes that begin, which is what a Go server can
+ *      promise: once ForceRelease / KickWaiter has returned, no Write
+ *      begins on that session (passes its deadline check) but the one of
+ *      its ERROR 0x02 or the one that finishes a frame the cut left
+ *      unfinished; a write that had begun may write on
+ * 128 (P1w) P1 likewise: after an end that is not the session's own bad
+ *      frame, no Write begins but the final ERROR's or a frame's finish
  *
  * Switches that make the server wrong, each refuted by a trail:
  *   MUT_CUT_AFTER_UNLOCK  the cut is set after the critical section (as
@@ -77,7 +84,7 @@
 #define FAILS 1		/* real write failures (reset, io-timeout) in a run */
 #endif
 #ifndef PROPS
-#define PROPS 63
+#define PROPS 255
 #endif
 
 #define prop(k, c) assert(!(PROPS & (k)) || (c))
@@ -364,11 +371,17 @@ inline emit(x, p) {
 inline write(x, to) {
 	prop(2, mu != _pid);	/* no I/O under srv.mu (rule 1) */
 	werr = OK;
-	if
-	:: connClosed[x] -> werr = OTHER
-	:: !connClosed[x] && dlPast[x] -> werr = TIMEOUT
-	:: else -> printf("MSC: S%d: Write begins: its deadline is not past\n", x)
-	fi;
+	atomic {	/* the deadline check, and what began with it */
+		if
+		:: connClosed[x] -> werr = OTHER
+		:: !connClosed[x] && dlPast[x] -> werr = TIMEOUT
+		:: else -> printf("MSC: S%d: Write begins: its deadline is not past\n", x);
+			/* a batch with an ERROR was taken after the end, which
+			 * dropped all else; wn > 0 is the finish of a cut frame */
+			prop(64, !adminRet[x] || bfin == ADMIN || wn > 0);
+			prop(128, !after[x] || bfin != NOCODE || wn > 0)
+		fi
+	};
 	do
 	:: werr != OK || wn == to -> break
 	:: else ->
