@@ -327,17 +327,25 @@ mutant no-retry-closed-before-any-reply client.go 'TestDoRetry|TestEveryErrorIts
   'errors.Is(err, ErrHeartbeatTimeout):'
 # DoRetry: a certificate that does not verify is retried for ever.
 mutant retry-unverified-certificate client.go 'TestEveryErrorItsMatchesAndItsRetry' . \
-  'case errors.As(err, new(*tls.CertificateVerificationError)), errors.As(err, &alert) && alert.Op == "remote error":' \
-  'case false && errors.As(err, new(*tls.CertificateVerificationError)), errors.As(err, &alert) && alert.Op == "remote error":'
+  'case errors.As(err, new(*tls.CertificateVerificationError)), errors.As(err, &alert) && alert.Op == "remote error",' \
+  'case false && errors.As(err, new(*tls.CertificateVerificationError)), errors.As(err, &alert) && alert.Op == "remote error",'
 # DoRetry: a TLS alert from the server (our certificate refused) is retried.
 mutant retry-refused-client-certificate client.go 'TestClientCertificateRefusedByTheServerIsNotRetried' . \
-  'errors.As(err, &alert) && alert.Op == "remote error":' \
-  'false && errors.As(err, &alert) && alert.Op == "remote error":'
+  'errors.As(err, &alert) && alert.Op == "remote error",' \
+  'false && errors.As(err, &alert) && alert.Op == "remote error",'
+# A refusal by a *tls.Dialer's own VerifyConnection is retried.
+mutant retry-callback-refusal client.go 'TestEveryErrorItsMatchesAndItsRetry|TestCallbackRefusalNamesTheRefusedCertificate' . \
+  'conn, err := finalRefusals(c.cfg.Dialer).DialContext' \
+  'conn, err := c.cfg.Dialer.DialContext'
+# An address that is not host:port is retried until ctx ends.
+mutant retry-address-error client.go 'TestAcquireRetryAddressWithoutPortReturnsAtOnce' . \
+  $'\t\t\terrors.As(err, new(*net.AddrError)):' \
+  $'\t\t\tfalse:'
 # DoRetry: the end of ctx just after a failed attempt returns that
 # attempt's error.
 mutant retry-returns-attempt-error-at-ctx-end client.go 'TestContextEndJustAfterAFailedAttemptIsCtxsError' . \
-  $'case ctx.Err() != nil:\n\t\t\treturn ctxErr(ctx)' \
-  $'case ctx.Err() != nil:\n\t\t\treturn err'
+  $'case ctx.Err() != nil:\n\t\t\treturn nil, ctxErr(ctx)' \
+  $'case ctx.Err() != nil:\n\t\t\treturn nil, err'
 # The end of ctx during the dial or the claim is reported as the dial's or
 # the claim's error.
 mutant dial-error-at-ctx-deadline client.go 'TestContextEndAtEveryPointOfAClaim|TestContextEndAtRandomPointsOfAClaim' . \
@@ -379,6 +387,14 @@ mutant admin-accepts-cross-origin cmd/monolock/admin_guard.go 'TestAdminRefusesC
 mutant no-parent-death-signal cmd/monolock/run_linux.go 'TestRunKilledTakesCommandWithIt' ./cmd/monolock \
   'a.Pdeathsig = syscall.SIGKILL' \
   '_ = a'
+# run makes one attempt, as before issue 25.
+mutant run-does-not-retry cmd/monolock/run.go 'TestRunRetriesUntilTheServerAnswers' ./cmd/monolock \
+  'acquire := client.AcquireRetry' \
+  'acquire := client.Acquire'
+# run adds the last retried attempt's reason to any failure after a retry.
+mutant run-blames-a-retried-attempt cmd/monolock/run.go 'TestRunRefusalAfterARetrySaysOnlyTheRefusal|TestRunWaitEndedInTheQueueAfterARetry' ./cmd/monolock \
+  'if (errors.Is(err, errWaitTimeout) || errors.Is(err, errSignal)) && betweenAttempts() {' \
+  'if lastRetry != nil {'
 
 scratch=$(mktemp -d "${TMPDIR:-/tmp}/monolock-mutants.XXXXXX")
 trap 'rm -rf "$scratch"' EXIT
