@@ -221,21 +221,28 @@ func TestRunRetriesUntilTheServerAnswers(t *testing.T) {
 	})
 	t.Run("a listener that closes its first connections, then serves", func(t *testing.T) {
 		// What a balancer in front of a standby that takes over looks like.
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		cl := &closingListener{Listener: l}
-		cl.left.Store(3)
-		srv := &monolock.Server{}
-		go srv.Serve(cl)
-		t.Cleanup(func() { srv.Close() })
-		code, stderr := runSync(t, "-addr", l.Addr().String(), "x", "--", "sh", "-c", `test "$MONOLOCK_LOCK" = x`)
+		addr, cl := serveClosing(t, 3)
+		code, stderr := runSync(t, "-addr", addr, "x", "--", "sh", "-c", `test "$MONOLOCK_LOCK" = x`)
 		if code != 0 || cl.left.Load() >= 0 || strings.Count(stderr, "\n") != 1 ||
 			!regexp.MustCompile(`^monolock run: lock "x" at .* not acquired yet: .*before any reply: .*; retrying \(no -wait: until granted or a signal\)\n$`).MatchString(stderr) {
 			t.Errorf("exit %d, %d closes left; want 0 and one retry line; %s", code, max(cl.left.Load(), 0), stderr)
 		}
 	})
+}
+
+// serveClosing serves a monolock.Server on a closingListener that closes
+// the first n connections it accepts.
+func serveClosing(t *testing.T, n int32) (string, *closingListener) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cl := &closingListener{Listener: l}
+	cl.left.Store(n)
+	srv := &monolock.Server{}
+	go srv.Serve(cl)
+	t.Cleanup(func() { srv.Close() })
+	return l.Addr().String(), cl
 }
 
 // closingListener closes the connections it accepts while left is positive.
@@ -385,17 +392,7 @@ func TestRunRefusalAfterARetrySaysOnlyTheRefusal(t *testing.T) {
 // back after a first attempt closed before any reply) is not said to be
 // the retried attempt's fault: the last attempt waited in the queue.
 func TestRunWaitEndedInTheQueueAfterARetry(t *testing.T) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	cl := &closingListener{Listener: l}
-	cl.left.Store(1)
-	srv := &monolock.Server{}
-	go srv.Serve(cl)
-	t.Cleanup(func() { srv.Close() })
-	addr := l.Addr().String()
-	cl.left.Store(0)
+	addr, cl := serveClosing(t, 0)
 	holder, err := monolock.New(monolock.Config{Address: addr}).Acquire(context.Background(), "x", time.Minute)
 	if err != nil {
 		t.Fatal(err)
