@@ -566,6 +566,14 @@ func newPipeListener() *pipeListener {
 	return &pipeListener{conns: make(chan net.Conn), done: make(chan struct{})}
 }
 
+// servePipe serves srv on a new pipeListener, and closes srv when the test ends.
+func servePipe(t *testing.T, srv *Server) *pipeListener {
+	l := newPipeListener()
+	go srv.Serve(l)
+	t.Cleanup(func() { srv.Close() })
+	return l
+}
+
 // dial returns the client's end; the server sees remote as its address.
 func (l *pipeListener) dial(remote string) net.Conn {
 	client, server := net.Pipe()
@@ -663,6 +671,14 @@ type stepListener struct {
 }
 
 func newStepListener() *stepListener { return &stepListener{pipeListener: newPipeListener()} }
+
+// serveStep is servePipe on a stepListener.
+func serveStep(t *testing.T, srv *Server) *stepListener {
+	l := newStepListener()
+	go srv.Serve(l)
+	t.Cleanup(func() { srv.Close() })
+	return l
+}
 
 func (l *stepListener) dial(name string) (client net.Conn, server *stepConn) {
 	c, s := net.Pipe()

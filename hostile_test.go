@@ -390,8 +390,7 @@ func TestHeartbeatFloodChild(t *testing.T) {
 func TestFloodPauseEndsAtTheLease(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		srv := &Server{IOTimeout: time.Second}
-		l := newPipeListener()
-		go srv.Serve(l)
+		l := servePipe(t, srv)
 		defer l.Close()
 		defer srv.Close()
 		h := l.dial("h")

@@ -1227,9 +1227,7 @@ func TestForceReleaseDropsADecidedHeartbeatReply(t *testing.T) {
 			events = append(events, ev)
 			evMu.Unlock()
 		}}
-		l := newStepListener()
-		go srv.Serve(l)
-		defer srv.Close()
+		l := serveStep(t, srv)
 
 		a, as := l.dial("a")
 		sendAcquire(t, a, "x", 10*time.Second)
@@ -1284,9 +1282,7 @@ func noAcquiredAfterForce(t *testing.T, rest []Frame, writes []string, tB uint64
 func TestForceReleaseDropsADecidedPush(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		srv := &Server{IOTimeout: 5 * time.Second}
-		l := newStepListener()
-		go srv.Serve(l)
-		defer srv.Close()
+		l := serveStep(t, srv)
 
 		h, _ := l.dial("h")
 		sendAcquire(t, h, "x", 10*time.Second)
@@ -1349,8 +1345,7 @@ func TestForceReleaseDropsADecidedPush(t *testing.T) {
 func TestShutdownReturnsWhenItsContextEnds(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		srv := &Server{IOTimeout: 5 * time.Second}
-		l := newStepListener()
-		go srv.Serve(l)
+		l := serveStep(t, srv)
 
 		a, _ := l.dial("a")
 		sendAcquire(t, a, "x", time.Minute)
@@ -1379,8 +1374,7 @@ func TestShutdownCutsABlockedReply(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		const io = 2 * time.Second
 		srv := &Server{IOTimeout: io}
-		l := newStepListener()
-		go srv.Serve(l)
+		l := serveStep(t, srv)
 
 		a, _ := l.dial("a")
 		sendAcquire(t, a, "x", time.Minute)
@@ -1423,8 +1417,7 @@ func TestPushTimeoutIsReleasedAsIOTimeout(t *testing.T) {
 			events = append(events, ev)
 			evMu.Unlock()
 		}}
-		l := newStepListener()
-		go srv.Serve(l)
+		l := serveStep(t, srv)
 
 		h, _ := l.dial("h")
 		sendAcquire(t, h, "x", time.Minute)
@@ -1463,9 +1456,7 @@ func TestPushTimeoutIsReleasedAsIOTimeout(t *testing.T) {
 func TestNoPushAfterAFailedWaiting(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		srv := &Server{IOTimeout: time.Second}
-		l := newStepListener()
-		go srv.Serve(l)
-		defer srv.Close()
+		l := serveStep(t, srv)
 
 		h, _ := l.dial("h")
 		sendAcquire(t, h, "x", time.Minute)
@@ -1831,9 +1822,7 @@ func TestNoGrantWhenAuthorizeOutlastsTheLease(t *testing.T) {
 				mu.Unlock()
 			},
 		}
-		l := newPipeListener()
-		go srv.Serve(l)
-		defer srv.Close()
+		l := servePipe(t, srv)
 
 		c := l.dial("c")
 		sendAcquire(t, c, "x", time.Millisecond)
@@ -1863,8 +1852,7 @@ func TestShutdownDuringAuthorizeIsRaceFree(t *testing.T) {
 			return true
 		},
 	}
-	l := newPipeListener()
-	go srv.Serve(l)
+	l := servePipe(t, srv)
 	c := l.dial("c")
 	defer c.Close()
 	go func() {
@@ -1888,9 +1876,7 @@ func TestShutdownDuringAuthorizeIsRaceFree(t *testing.T) {
 func TestPushWriterKeepsToTheIOTimeout(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		srv := &Server{IOTimeout: 5 * time.Second}
-		l := newPipeListener()
-		go srv.Serve(l)
-		defer srv.Close()
+		l := servePipe(t, srv)
 
 		h := l.dial("h")
 		sendAcquire(t, h, "x", time.Minute)
@@ -2637,8 +2623,7 @@ func TestCoalescedHeartbeatsKeepAShortLease(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				srv := &Server{}
-				l := newPipeListener()
-				go srv.Serve(l)
+				l := servePipe(t, srv)
 				c := l.dial("a")
 				sendAcquire(t, c, "x", 5*time.Millisecond)
 				mustRead(t, c, TypeAcquired)
@@ -2686,8 +2671,7 @@ func TestCoalescedHeartbeatsKeepAShortLease(t *testing.T) {
 func TestExpiredSessionGetsNothingMore(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		srv := &Server{IOTimeout: 5 * time.Second}
-		l := newPipeListener()
-		go srv.Serve(l)
+		l := servePipe(t, srv)
 		h := l.dial("h")
 		sendAcquire(t, h, "x", time.Minute)
 		mustRead(t, h, TypeAcquired)
@@ -2755,8 +2739,7 @@ func TestErrorArrivesDespiteUnreadBytes(t *testing.T) {
 // Random input: no panic, at most one ERROR and nothing after it.
 func TestRandomInputKeepsTheGrammar(t *testing.T) {
 	srv := &Server{IOTimeout: 50 * time.Millisecond}
-	l := newPipeListener()
-	go srv.Serve(l)
+	l := servePipe(t, srv)
 	defer func() {
 		ctx, cancel := context.WithTimeout(context.Background(), wait)
 		defer cancel()
@@ -2905,8 +2888,7 @@ func TestShutdownBoundedWhateverClientsDo(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		const io = time.Second
 		srv := &Server{IOTimeout: io}
-		l := newPipeListener()
-		go srv.Serve(l)
+		l := servePipe(t, srv)
 		silent := l.dial("silent")
 		defer silent.Close()
 		half := l.dial("half")

@@ -955,8 +955,7 @@ func TestStalledOnEventIsBounded(t *testing.T) {
 		defer close(release)
 		srv := &Server{OnEvent: func(Event) { <-release }}
 		defer srv.Close() // on a failure, lets the bubble's goroutines end
-		l := newPipeListener()
-		go srv.Serve(l)
+		l := servePipe(t, srv)
 		b, _ := acquire("cycle", time.Minute).AppendBinary(nil)
 		const cycles = maxQueuedEvents/2 + 100
 		for i := range cycles { // two events a cycle
@@ -1079,8 +1078,7 @@ func TestLogLimitCountsWhatItLeftOut(t *testing.T) {
 			Logger:    slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo})),
 			Authorize: func(identity, lock string) bool { return false },
 		}
-		l := newPipeListener()
-		go srv.Serve(l)
+		l := servePipe(t, srv)
 		defer l.Close()
 		defer srv.Close()
 		deny := func(name string) {
