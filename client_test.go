@@ -1752,44 +1752,41 @@ type lateContext struct {
 
 func (c lateContext) Deadline() (time.Time, bool) { return c.deadline, true }
 
-// A dial error under a context whose deadline has passed but that never
-// ends (a Context of the caller's own) returns within a second: the client
-// waits at most that long for the end of ctx a moment after its deadline.
-func TestDialErrorUnderAPassedDeadlineThatNeverEndsReturns(t *testing.T) {
+// An error under a context whose deadline has passed but that never ends
+// (a Context of the caller's own) is returned within a second, whether
+// the dial or the claim met it: the client waits at most that long for
+// the end of ctx a moment after its deadline.
+func TestErrorUnderAPassedDeadlineThatNeverEndsReturns(t *testing.T) {
 	refused, _ := net.Listen("tcp", "127.0.0.1:0")
 	refused.Close()
-	ctx := lateContext{context.Background(), time.Now().Add(-time.Millisecond)}
-	done := make(chan error, 1)
-	go func() {
-		done <- New(Config{Address: refused.Addr().String()}).Do(ctx, "x", time.Second,
-			func(context.Context, uint64) error { return nil })
-	}()
-	select {
-	case err := <-done:
-		t.Logf("Do = %v", err)
-	case <-time.After(3 * time.Second):
-		t.Fatal("Do still blocked 3s after a refused dial (ended(ctx) waits on a Done that never closes)")
-	}
-}
-
-// The same in the claim: a connection closed before any reply, after the
-// context's deadline passed, returns too.
-func TestClaimErrorUnderAPassedDeadlineThatNeverEndsReturns(t *testing.T) {
-	addr := fakeServer(t, func(c net.Conn) {
+	closes := fakeServer(t, func(c net.Conn) {
 		ReadFrame(c)
 		time.Sleep(200 * time.Millisecond)
 	}) // then closes
-	ctx := lateContext{context.Background(), time.Now().Add(50 * time.Millisecond)}
-	done := make(chan error, 1)
-	go func() {
-		_, err := New(Config{Address: addr}).Acquire(ctx, "x", time.Minute)
-		done <- err
-	}()
-	select {
-	case err := <-done:
-		t.Logf("Acquire = %v", err)
-	case <-time.After(3 * time.Second):
-		t.Fatal("Acquire still blocked 3s after the server closed the connection")
+	for _, tc := range []struct {
+		name, addr string
+		deadline   time.Duration // from now
+		want       error
+	}{
+		{"refused dial", refused.Addr().String(), -time.Millisecond, ErrDial},
+		{"closed before any reply", closes, 50 * time.Millisecond, ErrConnectionClosed},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := lateContext{context.Background(), time.Now().Add(tc.deadline)}
+			done := make(chan error, 1)
+			go func() {
+				_, err := New(Config{Address: tc.addr}).Acquire(ctx, "x", time.Minute)
+				done <- err
+			}()
+			select {
+			case err := <-done:
+				if !errors.Is(err, tc.want) {
+					t.Fatalf("Acquire = %v; want %v", err, tc.want)
+				}
+			case <-time.After(3 * time.Second):
+				t.Fatal("Acquire still blocked 3s after the error (ended(ctx) waits on a Done that never closes)")
+			}
+		})
 	}
 }
 
