@@ -381,6 +381,28 @@ func TestHeartbeatScheduleAndOneInFlight(t *testing.T) {
 	}
 }
 
+// The smoothed round trip that shortens the heartbeat interval is the
+// specification's EWMA with alpha 0.2, its first sample taken as it is
+// (docs/protocol.md, the client's rules). Each answer to a request in
+// flight is one sample.
+func TestSmoothedRoundTripIsTheSpecsEWMA(t *testing.T) {
+	l := &Lock{st: holding, token: 7}
+	sent := time.Now()
+	for _, step := range []struct{ rtt, want time.Duration }{
+		{100 * time.Millisecond, 100 * time.Millisecond}, // the first, as it is
+		{200 * time.Millisecond, 120 * time.Millisecond}, // 100 + (200-100)/5
+		{20 * time.Millisecond, 100 * time.Millisecond},  // 120 + (20-120)/5
+	} {
+		l.inflight, l.lastSend = true, sent
+		if err := l.judge(Frame{Type: TypeAcquired, Token: 7}, sent.Add(step.rtt)); err != nil {
+			t.Fatalf("judge: %v", err)
+		}
+		if l.srtt != step.want {
+			t.Errorf("after a round trip of %v the smoothed round trip is %v, want %v", step.rtt, l.srtt, step.want)
+		}
+	}
+}
+
 func TestHeartbeatInterval(t *testing.T) {
 	for _, tc := range []struct {
 		lease, srtt, want time.Duration
@@ -1742,6 +1764,67 @@ func TestContextEndAtRandomPointsOfAClaim(t *testing.T) {
 		}
 	}
 	t.Logf("deadlines within %v of the call: %d of 5000 granted before", span, granted)
+}
+
+// ERROR 0x01 is retried at once only once in a row: a server, or a proxy,
+// may say it to every attempt, and a client must not spin on it. The
+// second 0x01 in a row waits a backoff (100ms to 150ms); the attempt
+// after that is again at once.
+func TestShuttingDownIsRetriedAtOnceOnlyOnceInARow(t *testing.T) {
+	addr := fakeServer(t, func(c net.Conn) {
+		ReadFrame(c)
+		writeFrame(c, Frame{Type: TypeError, Code: CodeShuttingDown, Reason: "server shutting down"})
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var waits []time.Duration
+	c := New(Config{Address: addr, OnRetry: func(attempt int, err error, wait time.Duration) {
+		if !errors.Is(err, ErrShuttingDown) {
+			t.Errorf("attempt %d: %v, want ERROR 0x01", attempt, err)
+		}
+		if waits = append(waits, wait); attempt == 3 {
+			cancel()
+		}
+	}})
+	if _, err := c.AcquireRetry(ctx, "x", time.Minute); !errors.Is(err, context.Canceled) {
+		t.Fatalf("AcquireRetry = %v, want the context's end", err)
+	}
+	if len(waits) != 3 || waits[0] != 0 || waits[1] < 100*time.Millisecond || waits[1] >= 150*time.Millisecond || waits[2] != 0 {
+		t.Errorf("waits after three ERROR 0x01 in a row: %v, want [0s, 100ms to 150ms, 0s]", waits)
+	}
+}
+
+// A waiter whose claim ends just closes (docs/protocol.md): only a holder
+// that lost its lock keeps its connection, silent, until Release or a
+// lease. Here the server sends WAITING and then a byte no server sends;
+// it must see the client's close at once, not a lease (5s) later, and
+// Acquire must return the violation as soon.
+func TestWaiterWhoseClaimEndsClosesAtOnce(t *testing.T) {
+	closed := make(chan time.Duration, 1)
+	addr := fakeServer(t, func(c net.Conn) {
+		ReadFrame(c)
+		start := time.Now()
+		c.Write([]byte{TypeWaiting, 0x7f})
+		c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		io.Copy(io.Discard, c)
+		closed <- time.Since(start)
+	})
+	start := time.Now()
+	_, err := New(Config{Address: addr}).Acquire(context.Background(), "x", 5*time.Second)
+	if !errors.Is(err, ErrProtocolViolation) {
+		t.Errorf("Acquire = %v, want a protocol violation", err)
+	}
+	if d := time.Since(start); d > time.Second {
+		t.Errorf("Acquire returned after %v, want at once (a waiter does not linger)", d)
+	}
+	select {
+	case d := <-closed:
+		if d > time.Second {
+			t.Errorf("the server saw the waiter's close %v after the bad byte, want at once", d)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("the server never saw the waiter's close")
+	}
 }
 
 // lateContext's deadline is its own, earlier than the end of its context.

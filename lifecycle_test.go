@@ -1807,35 +1807,76 @@ func TestModelShrinksToTheCause(t *testing.T) {
 }
 
 // A session whose lease has passed by the server's clock when it would
-// join the table (lastSeenAt is the ACQUIRE's read, before Authorize, here
-// 2ms for a 1ms lease) is closed as expired: no token is spent on it.
+// join the table is closed as expired, without a word, and no token is
+// spent on it: lastSeenAt is the ACQUIRE's read, before Authorize, and the
+// lease has passed at lastSeenAt + lease exactly (docs/protocol.md), as a
+// read deadline fires. Authorize takes the whole 1ms lease, or 2ms. Fake
+// time.
 func TestNoGrantWhenAuthorizeOutlastsTheLease(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		var mu sync.Mutex
-		var evs []string
-		srv := &Server{
-			IOTimeout: 5 * time.Second,
-			Authorize: func(_, _ string) bool { time.Sleep(2 * time.Millisecond); return true },
-			OnEvent: func(ev Event) {
-				mu.Lock()
-				evs = append(evs, ev.Type+"/"+ev.Reason)
-				mu.Unlock()
-			},
-		}
-		l := servePipe(t, srv)
+	for _, authorize := range []time.Duration{time.Millisecond, 2 * time.Millisecond} {
+		t.Run(authorize.String(), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				var ev eventLog
+				srv := &Server{
+					IOTimeout: 5 * time.Second,
+					Authorize: func(_, _ string) bool { time.Sleep(authorize); return true },
+					OnEvent:   ev.add,
+				}
+				l := servePipe(t, srv)
 
-		c := l.dial("c")
-		sendAcquire(t, c, "x", time.Millisecond)
-		got := readRest(c)
-		synctest.Wait()
-		st := srv.Stats()
-		mu.Lock()
-		t.Logf("client received %+v; Grants=%d Releases=%v events=%v", got, st.Grants, st.Releases, evs)
-		mu.Unlock()
-		if st.Grants > 0 && len(got) == 0 {
-			t.Errorf("a token was spent on a session already expired by the server's clock (Grants=%d, Releases[expired]=%d), and it never got its ACQUIRED",
-				st.Grants, st.Releases[ReasonExpired])
+				c := l.dial("c")
+				sendAcquire(t, c, "x", time.Millisecond)
+				got := readRest(c)
+				synctest.Wait()
+				if st := srv.Stats(); len(got) != 0 || st.Acquires != 0 || st.Grants != 0 || len(ev.snapshot()) != 0 {
+					t.Errorf("an ACQUIRE whose lease passed in Authorize: the client received %s, Acquires=%d Grants=%d, events %v; want nothing, 0, 0, none",
+						showFrames(got), st.Acquires, st.Grants, ev.snapshot())
+				}
+			})
+		})
+	}
+}
+
+// A waiter found at exactly lastSeenAt + lease when its holder leaves is
+// not promoted: its lease has passed, as its read deadline says at that
+// instant (rule 7, promoteLocked). Its own goroutine is held in the read
+// that the deadline failed, so that the promoter alone decides. Fake time.
+func TestPromotionSkipsAWaiterAtTheEndOfItsLease(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		srv := &Server{IOTimeout: 10 * time.Second}
+		n := newProbeNet(t)
+		go srv.Serve(n)
+		defer srv.Close()
+
+		hc, _, h := joinProbe(t, n, "h", acquire("x", time.Minute))
+		h.next(t, TypeAcquired)
+		const lease = 300 * time.Millisecond
+		ac, as := n.pair("a")
+		release := make(chan struct{})
+		var once sync.Once
+		t.Cleanup(func() { once.Do(func() { close(release) }) })
+		as.afterRead = func(b []byte, err error) {
+			if len(b) == 0 && err != nil {
+				<-release
+			}
 		}
+		n.accept(as)
+		a := watch("a", ac)
+		start := time.Now() // a's lastSeenAt: no fake time passes until the server has read its ACQUIRE
+		sendFrames(t, ac, acquire("x", lease))
+		a.next(t, TypeWaiting)
+		_, _, b := joinProbe(t, n, "b", acquire("x", time.Minute))
+		b.next(t, TypeWaiting)
+
+		time.Sleep(lease)
+		hc.Close()
+		synctest.Wait()
+		if d := time.Since(start); d != lease {
+			t.Fatalf("h left %v after a's ACQUIRE, want exactly its lease, %v", d, lease)
+		}
+		expectStream(t, a, waitingFrame) // dropped without a word, never ACQUIRED
+		b.next(t, TypeAcquired)
+		once.Do(func() { close(release) })
 	})
 }
 

@@ -13,6 +13,7 @@ import (
 	"net"
 	"net/url"
 	"reflect"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -388,6 +389,50 @@ func TestAcceptErrorsBackOffAndRecover(t *testing.T) {
 	if st := srv.Stats(); st.AcceptErrors != 8 || st.ConnectionsAccepted != 1 {
 		t.Fatalf("AcceptErrors = %d, ConnectionsAccepted = %d; want 8 and 1", st.AcceptErrors, st.ConnectionsAccepted)
 	}
+}
+
+// The accept backoff doubles from 5ms and stops at 1s (the Serve doc and
+// the README): the gaps between the calls of eleven failing Accepts, in
+// fake time.
+func TestAcceptBackoffDoublesToOneSecond(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		l := &clockedListener{pipeListener: newPipeListener(), failures: 11}
+		srv := &Server{}
+		served := make(chan error, 1)
+		go func() { served <- srv.Serve(l) }()
+		time.Sleep(10 * time.Second)
+		synctest.Wait()
+		srv.Close()
+		if err := <-served; !errors.Is(err, ErrServerClosed) {
+			t.Errorf("Serve = %v, want ErrServerClosed", err)
+		}
+		var gaps []time.Duration
+		for i := 1; i < len(l.at); i++ {
+			gaps = append(gaps, l.at[i].Sub(l.at[i-1]))
+		}
+		want := []time.Duration{5, 10, 20, 40, 80, 160, 320, 640, 1000, 1000, 1000}
+		for i := range want {
+			want[i] *= time.Millisecond
+		}
+		if !slices.Equal(gaps, want) {
+			t.Errorf("gaps between accept calls: %v, want %v", gaps, want)
+		}
+	})
+}
+
+// clockedListener fails its first failures Accepts with EMFILE, and
+// notes the time of every call.
+type clockedListener struct {
+	*pipeListener
+	failures int
+	at       []time.Time // Accept runs on Serve's goroutine alone
+}
+
+func (l *clockedListener) Accept() (net.Conn, error) {
+	if l.at = append(l.at, time.Now()); len(l.at) <= l.failures {
+		return nil, emfile{}
+	}
+	return l.pipeListener.Accept()
 }
 
 // FuzzServerSession feeds any client byte stream to a real server session

@@ -275,6 +275,17 @@ mutant frame-during-tls-handshake server.go 'TestShutdownClosesATLSHandshakeWith
   'why = nil // a frame now would only start another handshake' \
   '_ = why'
 
+# Rule 7 at its boundary: a waiter at exactly lastSeenAt + lease is promoted.
+mutant promotion-at-the-lease-end server.go 'TestPromotionSkipsAWaiterAtTheEndOfItsLease' . \
+  'if time.Since(next.seen) >= next.lease {' \
+  'if time.Since(next.seen) > next.lease {'
+# Likewise when it would join: Authorize took exactly the lease.
+mutant join-at-the-lease-end server.go 'TestNoGrantWhenAuthorizeOutlastsTheLease' . \
+  'case time.Since(read) >= s.lease: // Authorize took the whole lease' \
+  'case time.Since(read) > s.lease: // Authorize took the whole lease'
+mutant accept-backoff-uncapped server.go 'TestAcceptBackoffDoublesToOneSecond' . \
+  'delay = min(max(2*delay, 5*time.Millisecond), time.Second)' \
+  'delay = max(2*delay, 5*time.Millisecond)'
 # --- The wire format (protocol.go) ---
 mutant little-endian-lease protocol.go 'TestVectors|TestFrameBytes' . \
   'LeaseMS: binary.BigEndian.Uint32(b[:4])' \
@@ -368,6 +379,19 @@ mutant waiting-after-acquired-accepted client.go 'TestProtocolViolations' . \
   'case f.Type == TypeWaiting && l.st == holding:' \
   'case f.Type == TypeWaiting && l.st == holding && false:'
 
+mutant srtt-alpha-a-quarter client.go 'TestSmoothedRoundTripIsTheSpecsEWMA' . \
+  'l.srtt += (rtt - l.srtt) / 5' \
+  'l.srtt += (rtt - l.srtt) / 4'
+mutant srtt-first-sample-dropped client.go 'TestSmoothedRoundTripIsTheSpecsEWMA' . \
+  'l.srtt = cmp.Or(l.srtt, rtt)' \
+  '_ = cmp.Or(l.srtt, rtt)'
+mutant shutting-down-always-at-once client.go 'TestShuttingDownIsRetriedAtOnceOnlyOnceInARow' . \
+  'se.Code == CodeShuttingDown && !again:' \
+  'se.Code == CodeShuttingDown && (!again || true):'
+# A waiter whose claim ends lingers as a lost holder does.
+mutant waiter-lingers client.go 'TestWaiterWhoseClaimEndsClosesAtOnce' . \
+  'lost := !l.ended && l.st == holding' \
+  'lost := !l.ended && l.st != connecting'
 # --- The binary (cmd/monolock) ---
 mutant no-sigkill-after-grace cmd/monolock/run.go 'TestRunLostLockStopsTheCommand|TestRunKillsTheGroupAfterGraceWhenTheFirstProcessExited' ./cmd/monolock \
   'syscall.Kill(group, syscall.SIGKILL)' \
