@@ -944,10 +944,21 @@ func TestStatsCountWhatHappened(t *testing.T) {
 		want.Connections = 3
 		check("two ACQUIREs in Authorize and a TLS handshake under way")
 
+		shc, sh := dial("sh", nil)
+		sendFrames(t, shc, acquire("shut", time.Minute))
+		sh.next(t, TypeAcquired)
+		want.ConnectionsAccepted++
+		want.Acquires++
+		want.Grants++
+		want.Connections, want.LocksHeld = 4, 1
+		want.OldestHold = time.Now()
+		check("a holder at Shutdown")
+
 		shut := make(chan error, 1)
 		go func() { shut <- srv.Shutdown(context.Background()) }()
 		expectStream(t, ay, errorFrame(CodeShuttingDown))
 		expectStream(t, an, errorFrame(CodeShuttingDown))
+		expectStream(t, sh, acquiredAny, errorFrame(CodeShuttingDown))
 		if b := await(t, cut, "the close of the TLS handshake"); len(b) != 0 {
 			t.Errorf("a client in its TLS handshake was sent % x at Shutdown", b)
 		}
@@ -960,9 +971,11 @@ func TestStatsCountWhatHappened(t *testing.T) {
 				t.Errorf("Serve returned %v", err)
 			}
 		}
-		want.Errors[CodeShuttingDown] += 2
-		want.Connections = 0
-		check("a Shutdown during Authorize and during a TLS handshake")
+		want.Errors[CodeShuttingDown] += 3
+		want.Releases[ReasonGraceful]++ // a Shutdown's release is graceful, not forced
+		want.Connections, want.LocksHeld = 0, 0
+		want.OldestHold = time.Time{}
+		check("a Shutdown during Authorize, during a TLS handshake and of a holder")
 		t.Logf("at the end: %+v", srv.Stats())
 	})
 }

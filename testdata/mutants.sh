@@ -283,6 +283,9 @@ mutant promotion-at-the-lease-end server.go 'TestPromotionSkipsAWaiterAtTheEndOf
 mutant join-at-the-lease-end server.go 'TestNoGrantWhenAuthorizeOutlastsTheLease' . \
   'case time.Since(read) >= s.lease: // Authorize took the whole lease' \
   'case time.Since(read) > s.lease: // Authorize took the whole lease'
+mutant shutdown-release-forced server.go 'TestStatsCountWhatHappened' . \
+  'case errors.Is(why, ErrClosedByAdmin):' \
+  'case errors.Is(why, ErrClosedByAdmin), errors.Is(why, ErrShuttingDown):'
 mutant accept-backoff-uncapped server.go 'TestAcceptBackoffDoublesToOneSecond' . \
   'delay = min(max(2*delay, 5*time.Millisecond), time.Second)' \
   'delay = max(2*delay, 5*time.Millisecond)'
