@@ -3,6 +3,9 @@ package monolock
 import (
 	"bytes"
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	cryptorand "crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
@@ -10,6 +13,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math/big"
 	"net"
 	"net/url"
 	"reflect"
@@ -513,11 +517,13 @@ func checkServerStream(t *testing.T, out []byte) {
 
 func TestIdentityOrder(t *testing.T) {
 	uri, _ := url.Parse("spiffe://prod/worker/7")
+	other, _ := url.Parse("spiffe://prod/worker/8")
 	for _, tc := range []struct {
 		cert *x509.Certificate
 		want string
 	}{
 		{&x509.Certificate{URIs: []*url.URL{uri}, DNSNames: []string{"w.example"}, Subject: pkix.Name{CommonName: "cn"}}, "spiffe://prod/worker/7"},
+		{&x509.Certificate{URIs: []*url.URL{uri, other}, DNSNames: []string{"w.example"}}, "spiffe://prod/worker/7"}, // the first URI SAN
 		{&x509.Certificate{DNSNames: []string{"w.example", "x.example"}, Subject: pkix.Name{CommonName: "cn"}}, "w.example"},
 		{&x509.Certificate{Subject: pkix.Name{CommonName: "cn"}}, "cn"},
 		{&x509.Certificate{}, ""},
@@ -529,6 +535,59 @@ func TestIdentityOrder(t *testing.T) {
 		// A certificate that was not verified names nobody.
 		if got := Identity(tls.ConnectionState{PeerCertificates: []*x509.Certificate{tc.cert}}); got != "" {
 			t.Errorf("unverified Identity = %q", got)
+		}
+	}
+}
+
+// Locks and Lock name each holder and waiter by the identity of its
+// verified client certificate, as the admin API shows them.
+func TestSnapshotsNameEachIdentity(t *testing.T) {
+	certFor := func(uri string) tls.Certificate {
+		key, err := ecdsa.GenerateKey(elliptic.P256(), cryptorand.Reader)
+		if err != nil {
+			t.Fatal(err)
+		}
+		u, _ := url.Parse(uri)
+		tmpl := &x509.Certificate{SerialNumber: big.NewInt(2), URIs: []*url.URL{u},
+			NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour)}
+		der, err := x509.CreateCertificate(cryptorand.Reader, tmpl, tmpl, &key.PublicKey, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		leaf, _ := x509.ParseCertificate(der)
+		return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key, Leaf: leaf}
+	}
+	hCert, wCert := certFor("spiffe://test/holder"), certFor("spiffe://test/waiter")
+	pool := x509.NewCertPool()
+	pool.AddCert(hCert.Leaf)
+	pool.AddCert(wCert.Leaf)
+	l, err := tls.Listen("tcp", "127.0.0.1:0", &tls.Config{Certificates: []tls.Certificate{selfSigned(t)},
+		ClientAuth: tls.RequireAndVerifyClientCert, ClientCAs: pool})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &Server{}
+	addr := serveOn(t, srv, l)
+	join := func(cert tls.Certificate, want byte) {
+		c, err := tls.Dial("tcp", addr, &tls.Config{InsecureSkipVerify: true, Certificates: []tls.Certificate{cert}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		c.SetDeadline(time.Now().Add(wait))
+		sendFrames(t, c, acquire("x", time.Minute))
+		if f, err := ReadFrame(c); err != nil || f.Type != want {
+			t.Fatalf("read %+v, %v; want type 0x%02x", f, err, want)
+		}
+	}
+	join(hCert, TypeAcquired)
+	join(wCert, TypeWaiting)
+	locks := srv.Locks()
+	one, ok := srv.Lock("x")
+	for _, info := range []LockInfo{locks[0], one} {
+		if !ok || len(locks) != 1 || info.Holder == nil || info.Holder.Identity != "spiffe://test/holder" ||
+			len(info.Waiters) != 1 || info.Waiters[0].Identity != "spiffe://test/waiter" {
+			t.Fatalf("snapshot %+v (holder %+v), want the holder's and the waiter's identities", info, info.Holder)
 		}
 	}
 }
@@ -556,17 +615,22 @@ func TestAuthorizeHook(t *testing.T) {
 	c.sendBytes([]byte{TypeAcquire, 1, 0, 0, 1, 0, 0, 1, 0xff})
 	c.expectError(CodeInvalidUTF8)
 
-	// A long multi-byte name in the reason is cut on a character boundary.
-	long := strings.Repeat("é", 127)
-	c = dialRaw(t, addr)
-	c.send(acquire(long, time.Minute))
-	f := c.expectError(CodeNotAuthorized)
-	if len(f.Reason) > MaxReasonLen || !utf8.ValidString(f.Reason) {
-		t.Fatalf("reason of %d bytes, valid UTF-8: %v", len(f.Reason), utf8.ValidString(f.Reason))
+	// A long multi-byte name in the reason is cut on a character boundary:
+	// the reason is the longest whole-character prefix of its full text
+	// that fits 255 bytes. With the one-byte "x" first, byte 255 falls
+	// inside an "é".
+	for _, long := range []string{strings.Repeat("é", 127), "x" + strings.Repeat("é", 126)} {
+		c = dialRaw(t, addr)
+		c.send(acquire(long, time.Minute))
+		f := c.expectError(CodeNotAuthorized)
+		full := fmt.Sprintf("%v %q", ErrNotAuthorized, long)
+		if len(f.Reason) > MaxReasonLen || len(f.Reason) < MaxReasonLen-1 || !utf8.ValidString(f.Reason) || !strings.HasPrefix(full, f.Reason) {
+			t.Errorf("reason of %d bytes (valid UTF-8: %v), want the whole characters of the first 255 bytes of %q", len(f.Reason), utf8.ValidString(f.Reason), full)
+		}
 	}
 	mu.Lock()
 	defer mu.Unlock()
-	if len(asked) != 3 || asked[0] != "|ok-1" {
+	if len(asked) != 4 || asked[0] != "|ok-1" {
 		t.Fatalf("Authorize asked %q", asked)
 	}
 }
@@ -613,6 +677,14 @@ func TestForceReleaseAndKickWaiter(t *testing.T) {
 	waiters[1].expectError(CodeClosedByAdmin)
 	if _, err := srv.KickWaiter("stuck", "127.0.0.1:1"); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("kick of an unknown waiter: %v", err)
+	}
+	// The holder is no waiter: kicking its address ends nobody (a waiter
+	// promoted a moment ago is not ended by a kick meant for the waiter).
+	if _, err := srv.KickWaiter("stuck", holder.LocalAddr().String()); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("kick of the holder's address: %v, want ErrNotFound", err)
+	}
+	if info, _ := srv.Lock("stuck"); info.Holder == nil || info.Holder.RemoteAddr != holder.LocalAddr().String() || len(info.Waiters) != 3 {
+		t.Fatalf("after a kick of the holder's address: %+v, want the holder and three waiters", info)
 	}
 
 	// Force-release the holder: 0x02 to it, the lock to the first waiter.

@@ -286,6 +286,19 @@ mutant join-at-the-lease-end server.go 'TestNoGrantWhenAuthorizeOutlastsTheLease
 mutant shutdown-release-forced server.go 'TestStatsCountWhatHappened' . \
   'case errors.Is(why, ErrClosedByAdmin):' \
   'case errors.Is(why, ErrClosedByAdmin), errors.Is(why, ErrShuttingDown):'
+# takeLocked: the reason cut at 255 bytes inside a character.
+mutant reason-cut-inside-a-character server.go 'TestAuthorizeHook' . \
+  'reason = strings.ToValidUTF8(reason[:min(len(reason), MaxReasonLen)], "") // a cut rune goes' \
+  'reason = reason[:min(len(reason), MaxReasonLen)] // a cut rune goes'
+mutant kick-waiter-ends-the-holder server.go 'TestForceReleaseAndKickWaiter' . \
+  $'return srv.kick(name, EventKickWaiter, func(l *lock) (*session, error) {\n' \
+  $'return srv.kick(name, EventKickWaiter, func(l *lock) (*session, error) {\n\t\tif h := l.holder; h != nil && h.remote == remoteAddr {\n\t\t\treturn h, nil\n\t\t}\n'
+mutant snapshot-without-identity server.go 'TestSnapshotsNameEachIdentity' . \
+  'return SessionInfo{Identity: s.identity,' \
+  'return SessionInfo{Identity: "",'
+mutant identity-last-uri server.go 'TestIdentityOrder' . \
+  'return cert.URIs[0].String()' \
+  'return cert.URIs[len(cert.URIs)-1].String()'
 mutant accept-backoff-uncapped server.go 'TestAcceptBackoffDoublesToOneSecond' . \
   'delay = min(max(2*delay, 5*time.Millisecond), time.Second)' \
   'delay = max(2*delay, 5*time.Millisecond)'
@@ -396,6 +409,13 @@ mutant waiter-lingers client.go 'TestWaiterWhoseClaimEndsClosesAtOnce' . \
   'lost := !l.ended && l.st == holding' \
   'lost := !l.ended && l.st != connecting'
 # --- The binary (cmd/monolock) ---
+# run -n: a server condition (below 0x10) taken for a refusal (65, not 69).
+mutant run-n-server-condition-refused cmd/monolock/run.go 'TestRunOneAttemptEndedByAServerConditionIsUnreachable' ./cmd/monolock \
+  'errors.As(err, &se) && !se.Temporary():' \
+  'errors.As(err, &se):'
+mutant lost-lock-no-sigcont cmd/monolock/run.go 'TestRunLostLockEndsAStoppedGroupBeforeTheGrace' ./cmd/monolock \
+  $'syscall.Kill(group, syscall.SIGTERM)\n\t\t\tcontinueGroup(group)\n' \
+  $'syscall.Kill(group, syscall.SIGTERM)\n'
 mutant no-sigkill-after-grace cmd/monolock/run.go 'TestRunLostLockStopsTheCommand|TestRunKillsTheGroupAfterGraceWhenTheFirstProcessExited' ./cmd/monolock \
   'syscall.Kill(group, syscall.SIGKILL)' \
   'kill = nil'

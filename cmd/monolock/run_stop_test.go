@@ -60,3 +60,28 @@ func TestRunContinuesAStoppedGroupAfterForwardingASignal(t *testing.T) {
 		t.Fatalf("run -n exited %d after the first run ended: the lock is not free; %s", code, stderr)
 	}
 }
+
+// A lost lock ends a stopped group too: its SIGTERM comes with a SIGCONT,
+// so that the group does not sit stopped, the SIGTERM pending, until the
+// SIGKILL at -grace (20s here).
+func TestRunLostLockEndsAStoppedGroupBeforeTheGrace(t *testing.T) {
+	s := start(t, nil)
+	dir := t.TempDir()
+	log := filepath.Join(dir, "log")
+	p := startRunIn(t, dir, "-addr", s.addr, "-lease", "1s", "-grace", "20s", "lost-stopped", "--",
+		"sh", "-c", `echo $$ > "$0.pid"; kill -STOP $$; sleep 30`, log)
+	pid := pidFrom(t, log+".pid")
+	for deadline := time.Now().Add(10 * time.Second); !stopped(pid); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("COMMAND did not stop itself within 10s")
+		}
+	}
+	died := time.Now()
+	s.cmd.Process.Signal(syscall.SIGKILL) // the server dies: the lock is lost
+	if code := p.status(t, 40*time.Second); code != exitLost {
+		t.Fatalf("exit %d, want %d; stderr: %s", code, exitLost, p.stderr.String())
+	}
+	if d := time.Since(died); d > 10*time.Second {
+		t.Errorf("run ended %v after the server died, want well before the 20s grace: the stopped group was not continued", d.Round(time.Millisecond))
+	}
+}

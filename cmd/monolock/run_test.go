@@ -409,6 +409,19 @@ func TestRunWaitEndedInTheQueueAfterARetry(t *testing.T) {
 	}
 }
 
+// With -n, a server condition (a code below 0x10) is no refusal: run's one
+// attempt could not get the lock, exit 69 as for a connection that ended
+// before the grant, not 65.
+func TestRunOneAttemptEndedByAServerConditionIsUnreachable(t *testing.T) {
+	for _, code := range []monolock.Code{monolock.CodeShuttingDown, monolock.CodeClosedByAdmin} {
+		addr, conns := scriptedServer(t, func(int32) monolock.Code { return code })
+		if got, stderr := runSync(t, "-addr", addr, "-n", "x", "--", "true"); got != exitUnreachable || conns.Load() != 1 {
+			t.Errorf("-n and ERROR 0x%02x: exit %d after %d connections, want %d after one; stderr:\n%s",
+				uint8(code), got, conns.Load(), exitUnreachable, stderr)
+		}
+	}
+}
+
 // An address that can never be dialled is bad input: run says so and
 // ends, as it did before it retried, instead of retrying it until -wait
 // (or forever without -wait). No port: net's "missing port in address".
