@@ -1775,7 +1775,7 @@ func TestShuttingDownIsRetriedAtOnceOnlyOnceInARow(t *testing.T) {
 		ReadFrame(c)
 		writeFrame(c, Frame{Type: TypeError, Code: CodeShuttingDown, Reason: "server shutting down"})
 	})
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := context.WithTimeout(context.Background(), wait) // a hang ends as DeadlineExceeded
 	defer cancel()
 	var waits []time.Duration
 	c := New(Config{Address: addr, OnRetry: func(attempt int, err error, wait time.Duration) {
@@ -1810,7 +1810,9 @@ func TestWaiterWhoseClaimEndsClosesAtOnce(t *testing.T) {
 		closed <- time.Since(start)
 	})
 	start := time.Now()
-	_, err := New(Config{Address: addr}).Acquire(context.Background(), "x", 5*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second) // a hang ends as DeadlineExceeded
+	defer cancel()
+	_, err := New(Config{Address: addr}).Acquire(ctx, "x", 5*time.Second)
 	if !errors.Is(err, ErrProtocolViolation) {
 		t.Errorf("Acquire = %v, want a protocol violation", err)
 	}

@@ -381,22 +381,28 @@ func waitFor(t testing.TB, what string, cond func() bool) {
 
 // selfSigned returns a certificate for 127.0.0.1, made for the test.
 func selfSigned(t *testing.T) tls.Certificate {
+	return selfSignedFrom(t, &x509.Certificate{IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)}})
+}
+
+// selfSignedFrom signs tmpl with a new key, valid for an hour either side
+// of now; its Leaf is set.
+func selfSignedFrom(t *testing.T, tmpl *x509.Certificate) tls.Certificate {
 	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		t.Fatal(err)
 	}
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(1),
-		IPAddresses:  []net.IP{net.IPv4(127, 0, 0, 1)},
-		NotBefore:    time.Now().Add(-time.Hour),
-		NotAfter:     time.Now().Add(time.Hour),
-	}
+	tmpl.SerialNumber = big.NewInt(1)
+	tmpl.NotBefore, tmpl.NotAfter = time.Now().Add(-time.Hour), time.Now().Add(time.Hour)
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
+	leaf, err := x509.ParseCertificate(der)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key, Leaf: leaf}
 }
 
 // eventLog collects what OnEvent is told.

@@ -3,9 +3,6 @@ package monolock
 import (
 	"bytes"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	cryptorand "crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
@@ -13,7 +10,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"math/big"
 	"net"
 	"net/url"
 	"reflect"
@@ -407,7 +403,7 @@ func TestAcceptBackoffDoublesToOneSecond(t *testing.T) {
 		time.Sleep(10 * time.Second)
 		synctest.Wait()
 		srv.Close()
-		if err := <-served; !errors.Is(err, ErrServerClosed) {
+		if err := await(t, served, "Serve's return after Close"); !errors.Is(err, ErrServerClosed) {
 			t.Errorf("Serve = %v, want ErrServerClosed", err)
 		}
 		var gaps []time.Duration
@@ -543,19 +539,8 @@ func TestIdentityOrder(t *testing.T) {
 // verified client certificate, as the admin API shows them.
 func TestSnapshotsNameEachIdentity(t *testing.T) {
 	certFor := func(uri string) tls.Certificate {
-		key, err := ecdsa.GenerateKey(elliptic.P256(), cryptorand.Reader)
-		if err != nil {
-			t.Fatal(err)
-		}
 		u, _ := url.Parse(uri)
-		tmpl := &x509.Certificate{SerialNumber: big.NewInt(2), URIs: []*url.URL{u},
-			NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour)}
-		der, err := x509.CreateCertificate(cryptorand.Reader, tmpl, tmpl, &key.PublicKey, key)
-		if err != nil {
-			t.Fatal(err)
-		}
-		leaf, _ := x509.ParseCertificate(der)
-		return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key, Leaf: leaf}
+		return selfSignedFrom(t, &x509.Certificate{URIs: []*url.URL{u}})
 	}
 	hCert, wCert := certFor("spiffe://test/holder"), certFor("spiffe://test/waiter")
 	pool := x509.NewCertPool()
@@ -569,7 +554,7 @@ func TestSnapshotsNameEachIdentity(t *testing.T) {
 	srv := &Server{}
 	addr := serveOn(t, srv, l)
 	join := func(cert tls.Certificate, want byte) {
-		c, err := tls.Dial("tcp", addr, &tls.Config{InsecureSkipVerify: true, Certificates: []tls.Certificate{cert}})
+		c, err := tls.DialWithDialer(&net.Dialer{Timeout: wait}, "tcp", addr, &tls.Config{InsecureSkipVerify: true, Certificates: []tls.Certificate{cert}})
 		if err != nil {
 			t.Fatal(err)
 		}
