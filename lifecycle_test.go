@@ -1365,6 +1365,38 @@ func TestShutdownReturnsWhenItsContextEnds(t *testing.T) {
 	})
 }
 
+// Serve returns ErrServerClosed with its listener closed, also when
+// Shutdown came first and Serve never accepted from it: else the kernel
+// goes on accepting into the backlog, and a client's ACQUIRE waits for an
+// answer that never comes from a server that has said it is closed. Both
+// orders: Serve after Shutdown, and Serve started as Shutdown runs (the
+// embedding pattern, with a signal at startup).
+func TestServeAfterShutdownClosesItsListener(t *testing.T) {
+	for i := range 20 {
+		srv := &Server{IOTimeout: time.Second}
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		served := make(chan error, 1)
+		if i == 0 {
+			srv.Shutdown(bounded(t))
+			go func() { served <- srv.Serve(l) }()
+		} else {
+			go func() { served <- srv.Serve(l) }()
+			srv.Shutdown(bounded(t))
+		}
+		if err := await(t, served, "Serve's return"); !errors.Is(err, ErrServerClosed) {
+			t.Fatalf("run %d: Serve = %v, want ErrServerClosed", i, err)
+		}
+		if c, err := net.DialTimeout("tcp", l.Addr().String(), wait); err == nil {
+			c.Close()
+			l.Close()
+			t.Fatalf("run %d: Serve returned ErrServerClosed and its listener still accepts", i)
+		}
+	}
+}
+
 // Shutdown must finish within one io-timeout whatever the clients do. A
 // heartbeat reply blocked on a client that does not read has sent nothing
 // when Shutdown begins: Shutdown cuts it (no write but the final ERROR

@@ -31,8 +31,9 @@ import (
 //  4. endLocked is the only way out of the table; dropLocked, called by it
 //     and by stopLocked for another party's end, drops what was decided and
 //     not yet taken, unless the session's own bad frame ended it.
-//  5. After a drop no write but the final ERROR begins: dropLocked sets a
-//     past write deadline, and drainLocked checks stopped after its own.
+//  5. After a drop no write begins but the final ERROR and the rest of a
+//     cut frame: dropLocked sets a past write deadline, and drainLocked
+//     checks stopped after its own.
 //  6. heartbeatLocked decides one read's bytes together, in the critical
 //     section that ends the session if one is bad.
 //  7. promoteLocked grants only a waiter whose lease has not passed.
@@ -60,13 +61,15 @@ type Server struct {
 	// Authorize, if set, decides whether a client may acquire a lock (else
 	// ERROR 0x18); identity is that of its verified TLS certificate (see
 	// Identity), or empty. Called with no lock held, it must return
-	// promptly: Shutdown waits for it until its ctx ends.
+	// promptly: Shutdown waits for it until its ctx ends (so call Shutdown
+	// from it only on another goroutine).
 	Authorize func(identity, lock string) bool
 
 	// OnEvent, if set, is told of every grant, release, denial and admin
 	// action, one call at a time in table order, with no lock held. Up to
 	// 16384 events wait while it is busy; more are dropped (Stats.
-	// EventsDropped). Shutdown waits for them until its ctx ends.
+	// EventsDropped). Shutdown waits for them until its ctx ends (as
+	// for Authorize, call Shutdown from it only on another goroutine).
 	OnEvent func(Event)
 
 	closing                 atomic.Bool
@@ -171,13 +174,14 @@ func (srv *Server) initLocked() {
 }
 
 // Serve serves connections from l until Shutdown or Close, then returns
-// ErrServerClosed. Accept errors (EMFILE, ...) are retried after 5ms
-// doubling to 1s; net.ErrClosed (l closed by others) is returned.
+// ErrServerClosed with l closed. Accept errors (EMFILE, ...) are retried
+// after 5ms doubling to 1s; net.ErrClosed (l closed by others) is returned.
 func (srv *Server) Serve(l net.Listener) error {
 	srv.mu.Lock()
 	srv.initLocked()
 	if srv.closing.Load() {
 		srv.mu.Unlock()
+		l.Close() // else the kernel accepts on it for nobody
 		return ErrServerClosed
 	}
 	srv.listeners[l] = struct{}{}

@@ -299,6 +299,10 @@ mutant snapshot-without-identity server.go 'TestSnapshotsNameEachIdentity' . \
 mutant identity-last-uri server.go 'TestIdentityOrder' . \
   'return cert.URIs[0].String()' \
   'return cert.URIs[len(cert.URIs)-1].String()'
+# Serve after Shutdown leaves its listener accepting for nobody.
+mutant serve-after-shutdown-leaves-listener server.go 'TestServeAfterShutdownClosesItsListener' . \
+  $'\t\tl.Close() // else the kernel accepts on it for nobody\n' \
+  ''
 mutant accept-backoff-uncapped server.go 'TestAcceptBackoffDoublesToOneSecond' . \
   'delay = min(max(2*delay, 5*time.Millisecond), time.Second)' \
   'delay = max(2*delay, 5*time.Millisecond)'
