@@ -443,6 +443,52 @@ mutant run-blames-a-retried-attempt cmd/monolock/run.go 'TestRunRefusalAfterARet
   'if (errors.Is(err, errWaitTimeout) || errors.Is(err, errSignal)) && betweenAttempts() {' \
   'if lastRetry != nil {'
 
+# Configuration and security
+# parse: the environment is applied after the command line, so it beats a flag.
+mutant env-beats-flag cmd/monolock/main.go 'TestFlagsAndEnvironment' ./cmd/monolock \
+  $'\treturn 0, true\n}' \
+  $'\tfor name, env := range envs {\n\t\tif v, ok := os.LookupEnv(env); ok {\n\t\t\tfs.Set(name, v)\n\t\t}\n\t}\n\treturn 0, true\n}'
+# -tls-client-ca's variable misnamed (as run's -tls-ca might be).
+mutant env-var-misnamed cmd/monolock/main.go 'TestEachVariableIsBetweenItsFlagAndTheDefault' ./cmd/monolock \
+  '"tls-client-ca": "MONOLOCK_TLS_CLIENT_CA",' \
+  '"tls-client-ca": "MONOLOCK_TLS_CA",'
+# -log-level's default is info.
+mutant default-log-level-debug cmd/monolock/main.go 'TestEachVariableIsBetweenItsFlagAndTheDefault' ./cmd/monolock \
+  'level := levelFlag(slog.LevelInfo)' \
+  'level := levelFlag(slog.LevelDebug)'
+# -log-level parsed but not given to the handler.
+mutant log-level-ignored cmd/monolock/main.go 'TestEachVariableIsBetweenItsFlagAndTheDefault' ./cmd/monolock \
+  'opts := &slog.HandlerOptions{Level: slog.Level(level),' \
+  'opts := &slog.HandlerOptions{Level: slog.LevelInfo,'
+# -io-timeout 10ms is allowed (at least 10 ms).
+mutant io-timeout-minimum-excluded cmd/monolock/main.go 'TestStartupRefusesBadListenAndIOTimeout' ./cmd/monolock \
+  'case *ioTimeout < minIOTimeout:' \
+  'case *ioTimeout <= minIOTimeout:'
+# An invalid combination exits 2, not 1.
+mutant bad-combination-exit-1 cmd/monolock/main.go 'TestStartupSecurityErrors' ./cmd/monolock \
+  $'if err := sec.checkCombination(); err != nil {\n\t\treturn fail(2,' \
+  $'if err := sec.checkCombination(); err != nil {\n\t\treturn fail(1,'
+# /api/info's config.mtls says whether there are rules, not client certificates.
+mutant info-mtls-is-acl cmd/monolock/main.go 'TestEachVariableIsBetweenItsFlagAndTheDefault' ./cmd/monolock \
+  '"mtls": sec.clientCAFile != "", "acl_file"' \
+  '"mtls": sec.aclFile != "", "acl_file"'
+# The ops server stops before the audit drain: no /readyz 503 while a stalled sink holds the exit.
+mutant ops-stops-before-audit-drain cmd/monolock/main.go 'TestHealthTurns503WhenShutdownBegins' ./cmd/monolock \
+  $'\t\t\tstatus := 0\n\t\t\tif o.audit != nil && o.audit.close(auditDrainBound) > 0 {\n\t\t\t\tstatus = 1\n\t\t\t}\n\t\t\t// The HTTP servers stop after the protocol listener has finished.\n\t\t\tfor _, hs := range httpServers {\n\t\t\t\tctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)\n\t\t\t\ths.Shutdown(ctx)\n\t\t\t\tcancel()\n\t\t\t}\n' \
+  $'\t\t\tfor _, hs := range httpServers {\n\t\t\t\tctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)\n\t\t\t\ths.Shutdown(ctx)\n\t\t\t\tcancel()\n\t\t\t}\n\t\t\tstatus := 0\n\t\t\tif o.audit != nil && o.audit.close(auditDrainBound) > 0 {\n\t\t\t\tstatus = 1\n\t\t\t}\n'
+# The ops server stops before the protocol listener.
+mutant ops-stops-before-protocol cmd/monolock/main.go 'TestHealthTurns503WhenShutdownBegins' ./cmd/monolock \
+  $'\t\t\tsrv.Shutdown(context.Background())\n' \
+  $'\t\t\tfor _, hs := range httpServers {\n\t\t\t\ths.Close()\n\t\t\t}\n\t\t\tsrv.Shutdown(context.Background())\n'
+# SIGINT is not a graceful stop.
+mutant sigint-not-graceful cmd/monolock/main.go 'TestSecondSignalExitsAtOnce' ./cmd/monolock \
+  'signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)' \
+  'signal.Notify(sigs, syscall.SIGTERM)'
+# -audit-log without -ops-listen gets no events.
+mutant audit-without-ops-unhooked cmd/monolock/main.go 'TestURILookingNameIsNoIdentity|TestAuditLog$' ./cmd/monolock \
+  'if *opsListen != "" || o.audit != nil {' \
+  'if *opsListen != "" {'
+
 scratch=$(mktemp -d "${TMPDIR:-/tmp}/monolock-mutants.XXXXXX")
 trap 'rm -rf "$scratch"' EXIT
 tar -C "$root" --exclude=./.git -cf - . | tar -C "$scratch" -xf -
