@@ -488,6 +488,26 @@ mutant sigint-not-graceful cmd/monolock/main.go 'TestSecondSignalExitsAtOnce' ./
 mutant audit-without-ops-unhooked cmd/monolock/main.go 'TestURILookingNameIsNoIdentity|TestAuditLog$' ./cmd/monolock \
   'if *opsListen != "" || o.audit != nil {' \
   'if *opsListen != "" {'
+# reload: after the TLS files and rules, the audit log is not reopened.
+mutant reload-skips-audit-after-tls cmd/monolock/main.go 'TestSIGHUPSaysWhatItReloaded' ./cmd/monolock \
+  'logger.Info("reloaded " + strings.Join(files, ", "))' \
+  $'logger.Info("reloaded " + strings.Join(files, ", "))\n\t\t\treturn'
+# reload: a failed reload is logged below error level.
+mutant reload-failure-not-an-error cmd/monolock/main.go 'TestReloadKeepsLocksAndRejectsBrokenFiles' ./cmd/monolock \
+  'logger.Error("reload failed;' \
+  'logger.Warn("reload failed;'
+# monolock reload: the default -pid is not process 1.
+mutant reload-pid-default-not-1 cmd/monolock/reload.go 'TestReloadSubcommandSignalsOnlyTheServer' ./cmd/monolock \
+  'pid := fs.Int("pid", 1,' \
+  'pid := fs.Int("pid", 0,'
+# A reload adds the new client CA to the old ones instead of replacing them.
+mutant reload-keeps-old-client-ca cmd/monolock/security.go 'TestReloadReplacesTheClientCA' ./cmd/monolock \
+  'cfg.ClientCAs = x509.NewCertPool()' \
+  $'cfg.ClientCAs = x509.NewCertPool()\n\t\t\tif prev := s.tls.Load(); prev != nil && prev.ClientCAs != nil {\n\t\t\t\tcfg.ClientCAs = prev.ClientCAs.Clone()\n\t\t\t}'
+# A reload with good TLS files and bad rules installs the TLS files.
+mutant reload-half-applied cmd/monolock/security.go 'TestReloadKeepsLocksAndRejectsBrokenFiles' ./cmd/monolock \
+  $'\tvar rules *acl\n\tif s.aclFile != "" {' \
+  $'\ts.tls.Store(cfg)\n\tvar rules *acl\n\tif s.aclFile != "" {'
 
 scratch=$(mktemp -d "${TMPDIR:-/tmp}/monolock-mutants.XXXXXX")
 trap 'rm -rf "$scratch"' EXIT
