@@ -500,6 +500,10 @@ mutant reload-failure-not-an-error cmd/monolock/main.go 'TestReloadKeepsLocksAnd
 mutant reload-pid-default-not-1 cmd/monolock/reload.go 'TestReloadSubcommandSignalsOnlyTheServer' ./cmd/monolock \
   'pid := fs.Int("pid", 1,' \
   'pid := fs.Int("pid", 0,'
+# TLS below 1.2 accepted.
+mutant tls-below-1.2 cmd/monolock/security.go 'TestMutualTLSIdentitiesAndRules' ./cmd/monolock \
+  'cfg = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}' \
+  'cfg = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS10}'
 # A reload adds the new client CA to the old ones instead of replacing them.
 mutant reload-keeps-old-client-ca cmd/monolock/security.go 'TestReloadReplacesTheClientCA' ./cmd/monolock \
   'cfg.ClientCAs = x509.NewCertPool()' \
@@ -508,6 +512,26 @@ mutant reload-keeps-old-client-ca cmd/monolock/security.go 'TestReloadReplacesTh
 mutant reload-half-applied cmd/monolock/security.go 'TestReloadKeepsLocksAndRejectsBrokenFiles' ./cmd/monolock \
   $'\tvar rules *acl\n\tif s.aclFile != "" {' \
   $'\ts.tls.Store(cfg)\n\tvar rules *acl\n\tif s.aclFile != "" {'
+# A DNS SAN identity with '_' is refused.
+mutant host-name-refuses-underscore cmd/monolock/security.go 'TestURILookingNameIsNoIdentity' ./cmd/monolock \
+  'strings.ContainsRune("-_.", r)' \
+  'strings.ContainsRune("-.", r)'
+# A CN identity may hold '#', '%' and '\'.
+mutant cn-allows-hash-percent-backslash cmd/monolock/security.go 'TestURILookingNameIsNoIdentity' ./cmd/monolock \
+  '!strings.ContainsRune(`:/?#%\`, r)' \
+  '!strings.ContainsRune(`:/?`, r)'
+# The DNS SAN check passes when any DNS SAN is a host name, not the first.
+mutant dns-identity-any-san-checked cmd/monolock/security.go 'TestURILookingNameIsNoIdentity' ./cmd/monolock \
+  'if !isHostName(cert.DNSNames[0]) {' \
+  'if !slices.ContainsFunc(cert.DNSNames, isHostName) {'
+# The first rule whose identity matches decides.
+mutant acl-first-identity-match-decides cmd/monolock/security.go 'TestRulesWhenSeveralMatch|TestParseACL' ./cmd/monolock \
+  $'\t\t\tif glob(pattern, lock) {\n\t\t\t\treturn true\n\t\t\t}\n\t\t}\n' \
+  $'\t\t\tif glob(pattern, lock) {\n\t\t\t\treturn true\n\t\t\t}\n\t\t}\n\t\treturn false\n'
+# glob: * does not cross /.
+mutant glob-star-stops-at-slash cmd/monolock/security.go 'TestGlob|TestRulesWhenSeveralMatch' ./cmd/monolock \
+  $'\t\t_, sw := utf8.DecodeRuneInString(s[starI:])\n\t\tstarI += sw' \
+  $'\t\tif s[starI] == \'/\' {\n\t\t\treturn false\n\t\t}\n\t\t_, sw := utf8.DecodeRuneInString(s[starI:])\n\t\tstarI += sw'
 
 scratch=$(mktemp -d "${TMPDIR:-/tmp}/monolock-mutants.XXXXXX")
 trap 'rm -rf "$scratch"' EXIT

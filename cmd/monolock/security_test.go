@@ -335,6 +335,11 @@ func TestMutualTLSIdentitiesAndRules(t *testing.T) {
 		{"no client certificate", setup.clientConfig(t, nil, leafOpts{})},
 		{"certificate from another CA", setup.clientConfig(t, newCA(t, "rogue CA"), all)},
 		{"expired certificate", setup.clientConfig(t, setup.clientCA, leafOpts{cn: "cn-worker", notAfter: time.Now().Add(-time.Hour)})},
+		{"TLS 1.1", func() *tls.Config { // TLS 1.2 at least
+			cfg := setup.clientConfig(t, setup.clientCA, all)
+			cfg.MinVersion, cfg.MaxVersion = tls.VersionTLS10, tls.VersionTLS11
+			return cfg
+		}()},
 	} {
 		t.Run("refused: "+tc.name, func(t *testing.T) {
 			// With TLS 1.3 the client may finish its side of the handshake
