@@ -532,6 +532,18 @@ mutant acl-first-identity-match-decides cmd/monolock/security.go 'TestRulesWhenS
 mutant glob-star-stops-at-slash cmd/monolock/security.go 'TestGlob|TestRulesWhenSeveralMatch' ./cmd/monolock \
   $'\t\t_, sw := utf8.DecodeRuneInString(s[starI:])\n\t\tstarI += sw' \
   $'\t\tif s[starI] == \'/\' {\n\t\t\treturn false\n\t\t}\n\t\t_, sw := utf8.DecodeRuneInString(s[starI:])\n\t\tstarI += sw'
+# -version: the VCS revision is not read.
+mutant version-without-revision cmd/monolock/version.go 'TestBuildInfoFromTheGoCommandsStamps' ./cmd/monolock \
+  'b.revision = s.Value' \
+  '_ = s.Value'
+# -version: no " (modified)" for a build with uncommitted changes.
+mutant version-modified-unmarked cmd/monolock/version.go 'TestBuildInfoFromTheGoCommandsStamps' ./cmd/monolock \
+  'revision += " (modified)"' \
+  'revision += ""'
+# -ldflags -X main.stampRevision is ignored.
+mutant stamped-revision-ignored cmd/monolock/version.go 'TestVersionStampedByTheLinker' ./cmd/monolock \
+  'b.revision, b.modified = stampRevision, false' \
+  'b.modified = false'
 
 scratch=$(mktemp -d "${TMPDIR:-/tmp}/monolock-mutants.XXXXXX")
 trap 'rm -rf "$scratch"' EXIT
