@@ -544,6 +544,22 @@ mutant version-modified-unmarked cmd/monolock/version.go 'TestBuildInfoFromTheGo
 mutant stamped-revision-ignored cmd/monolock/version.go 'TestVersionStampedByTheLinker' ./cmd/monolock \
   'b.revision, b.modified = stampRevision, false' \
   'b.modified = false'
+# diagnostics: a dropped line is not counted, so never reported.
+mutant diag-drops-uncounted cmd/monolock/diag.go 'TestDroppedDiagnosticLinesAreCounted' ./cmd/monolock \
+  $'d.pending.Add(-1)\n\t\td.dropped.Add(1)' \
+  'd.pending.Add(-1)'
+# diagnostics: an exit does not wait for the queued lines.
+mutant diag-exit-without-flush cmd/monolock/main.go 'TestAuditLogToStdoutAndWriteFailures|TestEveryLostAuditLineMakesTheExitStatus1' ./cmd/monolock \
+  'defer diag.flush(diagFlushBound)' \
+  'defer diag.flush(0)'
+# run: the held connection's heartbeats come once a lease, not four times.
+mutant run-held-heartbeat-once-a-lease cmd/monolock/run_hold.go 'TestRunKeepsTheLockFromOthersUntilTheGroupIsGone' ./cmd/monolock \
+  't := time.NewTicker(lease / 4)' \
+  't := time.NewTicker(lease)'
+# run: a Close before the grant (a -wait that ran out) is put off too.
+mutant run-close-put-off-before-grant cmd/monolock/run_hold.go 'TestRun' ./cmd/monolock \
+  'if !c.holding || c.finished {' \
+  'if c.finished {'
 
 scratch=$(mktemp -d "${TMPDIR:-/tmp}/monolock-mutants.XXXXXX")
 trap 'rm -rf "$scratch"' EXIT
