@@ -447,6 +447,124 @@ mutant run-blames-a-retried-attempt cmd/monolock/run.go 'TestRunRefusalAfterARet
   'if (errors.Is(err, errWaitTimeout) || errors.Is(err, errSignal)) && betweenAttempts() {' \
   'if lastRetry != nil {'
 
+# Configuration and security
+# parse: the environment is applied after the command line, so it beats a flag.
+mutant env-beats-flag cmd/monolock/main.go 'TestFlagsAndEnvironment' ./cmd/monolock \
+  $'\treturn 0, true\n}' \
+  $'\tfor name, env := range envs {\n\t\tif v, ok := os.LookupEnv(env); ok {\n\t\t\tfs.Set(name, v)\n\t\t}\n\t}\n\treturn 0, true\n}'
+# -tls-client-ca's variable misnamed (as run's -tls-ca might be).
+mutant env-var-misnamed cmd/monolock/main.go 'TestEachVariableIsBetweenItsFlagAndTheDefault' ./cmd/monolock \
+  '"tls-client-ca": "MONOLOCK_TLS_CLIENT_CA",' \
+  '"tls-client-ca": "MONOLOCK_TLS_CA",'
+# -log-level's default is info.
+mutant default-log-level-debug cmd/monolock/main.go 'TestEachVariableIsBetweenItsFlagAndTheDefault' ./cmd/monolock \
+  'level := levelFlag(slog.LevelInfo)' \
+  'level := levelFlag(slog.LevelDebug)'
+# -log-level parsed but not given to the handler.
+mutant log-level-ignored cmd/monolock/main.go 'TestEachVariableIsBetweenItsFlagAndTheDefault' ./cmd/monolock \
+  'opts := &slog.HandlerOptions{Level: slog.Level(level),' \
+  'opts := &slog.HandlerOptions{Level: slog.LevelInfo,'
+# -io-timeout 10ms is allowed (at least 10 ms).
+mutant io-timeout-minimum-excluded cmd/monolock/main.go 'TestStartupRefusesBadListenAndIOTimeout' ./cmd/monolock \
+  'case *ioTimeout < minIOTimeout:' \
+  'case *ioTimeout <= minIOTimeout:'
+# An invalid combination exits 2, not 1.
+mutant bad-combination-exit-1 cmd/monolock/main.go 'TestStartupSecurityErrors' ./cmd/monolock \
+  $'if err := sec.checkCombination(); err != nil {\n\t\treturn fail(2,' \
+  $'if err := sec.checkCombination(); err != nil {\n\t\treturn fail(1,'
+# /api/info's config.mtls says whether there are rules, not client certificates.
+mutant info-mtls-is-acl cmd/monolock/main.go 'TestEachVariableIsBetweenItsFlagAndTheDefault' ./cmd/monolock \
+  '"mtls": sec.clientCAFile != "", "acl_file"' \
+  '"mtls": sec.aclFile != "", "acl_file"'
+# The ops server stops before the audit drain: no /readyz 503 while a stalled sink holds the exit.
+mutant ops-stops-before-audit-drain cmd/monolock/main.go 'TestHealthTurns503WhenShutdownBegins' ./cmd/monolock \
+  $'\t\t\tstatus := 0\n\t\t\tif o.audit != nil && o.audit.close(auditDrainBound) > 0 {\n\t\t\t\tstatus = 1\n\t\t\t}\n\t\t\t// The HTTP servers stop after the protocol listener has finished.\n\t\t\tfor _, hs := range httpServers {\n\t\t\t\tctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)\n\t\t\t\ths.Shutdown(ctx)\n\t\t\t\tcancel()\n\t\t\t}\n' \
+  $'\t\t\tfor _, hs := range httpServers {\n\t\t\t\tctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)\n\t\t\t\ths.Shutdown(ctx)\n\t\t\t\tcancel()\n\t\t\t}\n\t\t\tstatus := 0\n\t\t\tif o.audit != nil && o.audit.close(auditDrainBound) > 0 {\n\t\t\t\tstatus = 1\n\t\t\t}\n'
+# The ops server stops before the protocol listener.
+mutant ops-stops-before-protocol cmd/monolock/main.go 'TestHealthTurns503WhenShutdownBegins' ./cmd/monolock \
+  $'\t\t\tsrv.Shutdown(context.Background())\n' \
+  $'\t\t\tfor _, hs := range httpServers {\n\t\t\t\ths.Close()\n\t\t\t}\n\t\t\tsrv.Shutdown(context.Background())\n'
+# SIGINT is not a graceful stop.
+mutant sigint-not-graceful cmd/monolock/main.go 'TestSecondSignalExitsAtOnce' ./cmd/monolock \
+  'signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)' \
+  'signal.Notify(sigs, syscall.SIGTERM)'
+# -audit-log without -ops-listen gets no events.
+mutant audit-without-ops-unhooked cmd/monolock/main.go 'TestURILookingNameIsNoIdentity|TestAuditLog$' ./cmd/monolock \
+  'if *opsListen != "" || o.audit != nil {' \
+  'if *opsListen != "" {'
+# reload: after the TLS files and rules, the audit log is not reopened.
+mutant reload-skips-audit-after-tls cmd/monolock/main.go 'TestSIGHUPSaysWhatItReloaded' ./cmd/monolock \
+  'logger.Info("reloaded " + strings.Join(files, ", "))' \
+  $'logger.Info("reloaded " + strings.Join(files, ", "))\n\t\t\treturn'
+# reload: a failed reload is logged below error level.
+mutant reload-failure-not-an-error cmd/monolock/main.go 'TestReloadKeepsLocksAndRejectsBrokenFiles' ./cmd/monolock \
+  'logger.Error("reload failed;' \
+  'logger.Warn("reload failed;'
+# monolock reload: the default -pid is not process 1.
+mutant reload-pid-default-not-1 cmd/monolock/reload.go 'TestReloadSubcommandSignalsOnlyTheServer' ./cmd/monolock \
+  'pid := fs.Int("pid", 1,' \
+  'pid := fs.Int("pid", 0,'
+# TLS below 1.2 accepted.
+mutant tls-below-1.2 cmd/monolock/security.go 'TestMutualTLSIdentitiesAndRules' ./cmd/monolock \
+  'cfg = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}' \
+  'cfg = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS10}'
+# A reload adds the new client CA to the old ones instead of replacing them.
+mutant reload-keeps-old-client-ca cmd/monolock/security.go 'TestReloadReplacesTheClientCA' ./cmd/monolock \
+  'cfg.ClientCAs = x509.NewCertPool()' \
+  $'cfg.ClientCAs = x509.NewCertPool()\n\t\t\tif prev := s.tls.Load(); prev != nil && prev.ClientCAs != nil {\n\t\t\t\tcfg.ClientCAs = prev.ClientCAs.Clone()\n\t\t\t}'
+# A reload with good TLS files and bad rules installs the TLS files.
+mutant reload-half-applied cmd/monolock/security.go 'TestReloadKeepsLocksAndRejectsBrokenFiles' ./cmd/monolock \
+  $'\tvar rules *acl\n\tif s.aclFile != "" {' \
+  $'\ts.tls.Store(cfg)\n\tvar rules *acl\n\tif s.aclFile != "" {'
+# A DNS SAN identity with '_' is refused.
+mutant host-name-refuses-underscore cmd/monolock/security.go 'TestURILookingNameIsNoIdentity' ./cmd/monolock \
+  'strings.ContainsRune("-_.", r)' \
+  'strings.ContainsRune("-.", r)'
+# A CN identity may hold '#', '%' and '\'.
+mutant cn-allows-hash-percent-backslash cmd/monolock/security.go 'TestURILookingNameIsNoIdentity' ./cmd/monolock \
+  '!strings.ContainsRune(`:/?#%\`, r)' \
+  '!strings.ContainsRune(`:/?`, r)'
+# The DNS SAN check passes when any DNS SAN is a host name, not the first.
+mutant dns-identity-any-san-checked cmd/monolock/security.go 'TestURILookingNameIsNoIdentity' ./cmd/monolock \
+  'if !isHostName(cert.DNSNames[0]) {' \
+  'if !slices.ContainsFunc(cert.DNSNames, isHostName) {'
+# The first rule whose identity matches decides.
+mutant acl-first-identity-match-decides cmd/monolock/security.go 'TestRulesWhenSeveralMatch|TestParseACL' ./cmd/monolock \
+  $'\t\t\tif glob(pattern, lock) {\n\t\t\t\treturn true\n\t\t\t}\n\t\t}\n' \
+  $'\t\t\tif glob(pattern, lock) {\n\t\t\t\treturn true\n\t\t\t}\n\t\t}\n\t\treturn false\n'
+# glob: * does not cross /.
+mutant glob-star-stops-at-slash cmd/monolock/security.go 'TestGlob|TestRulesWhenSeveralMatch' ./cmd/monolock \
+  $'\t\t_, sw := utf8.DecodeRuneInString(s[starI:])\n\t\tstarI += sw' \
+  $'\t\tif s[starI] == \'/\' {\n\t\t\treturn false\n\t\t}\n\t\t_, sw := utf8.DecodeRuneInString(s[starI:])\n\t\tstarI += sw'
+# -version: the VCS revision is not read.
+mutant version-without-revision cmd/monolock/version.go 'TestBuildInfoFromTheGoCommandsStamps' ./cmd/monolock \
+  'b.revision = s.Value' \
+  '_ = s.Value'
+# -version: no " (modified)" for a build with uncommitted changes.
+mutant version-modified-unmarked cmd/monolock/version.go 'TestBuildInfoFromTheGoCommandsStamps' ./cmd/monolock \
+  'revision += " (modified)"' \
+  'revision += ""'
+# -ldflags -X main.stampRevision is ignored.
+mutant stamped-revision-ignored cmd/monolock/version.go 'TestVersionStampedByTheLinker' ./cmd/monolock \
+  'b.revision, b.modified = stampRevision, false' \
+  'b.modified = false'
+# diagnostics: a dropped line is not counted, so never reported.
+mutant diag-drops-uncounted cmd/monolock/diag.go 'TestDroppedDiagnosticLinesAreCounted' ./cmd/monolock \
+  $'d.pending.Add(-1)\n\t\td.dropped.Add(1)' \
+  'd.pending.Add(-1)'
+# diagnostics: an exit does not wait for the queued lines.
+mutant diag-exit-without-flush cmd/monolock/main.go 'TestAuditLogToStdoutAndWriteFailures|TestEveryLostAuditLineMakesTheExitStatus1' ./cmd/monolock \
+  'defer diag.flush(diagFlushBound)' \
+  'defer diag.flush(0)'
+# run: the held connection's heartbeats come once a lease, not four times.
+mutant run-held-heartbeat-once-a-lease cmd/monolock/run_hold.go 'TestRunKeepsTheLockFromOthersUntilTheGroupIsGone' ./cmd/monolock \
+  't := time.NewTicker(lease / 4)' \
+  't := time.NewTicker(lease)'
+# run: a Close before the grant (a -wait that ran out) is put off too.
+mutant run-close-put-off-before-grant cmd/monolock/run_hold.go 'TestRun' ./cmd/monolock \
+  'if !c.holding || c.finished {' \
+  'if c.finished {'
+
 scratch=$(mktemp -d "${TMPDIR:-/tmp}/monolock-mutants.XXXXXX")
 trap 'rm -rf "$scratch"' EXIT
 tar -C "$root" --exclude=./.git -cf - . | tar -C "$scratch" -xf -

@@ -161,9 +161,10 @@ func TestSIGHUPSaysWhatItReloaded(t *testing.T) {
 		}
 	}
 	setup := newTLSSetup(t, identityRules)
-	s3 := start(t, nil, setup.flags()...)
+	s3 := start(t, nil, append(setup.flags(), "-audit-log", t.TempDir()+"/audit.log")...)
 	s3.cmd.Process.Signal(syscall.SIGHUP)
 	waitForLog(t, s3, "reloaded TLS certificate and key, client CA, rules")
+	waitForLog(t, s3, "audit log reopened") // the TLS files and rules, and the audit log too
 }
 
 // A reader of -audit-log - that goes away costs write errors, not the server.

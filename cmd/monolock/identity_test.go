@@ -18,7 +18,8 @@ func TestURILookingNameIsNoIdentity(t *testing.T) {
 		{"identity":"spiffe://prod/*","locks":["uri-*"]},
 		{"identity":"importer","locks":["cn-*"]},
 		{"identity":"Doe, Jane","locks":["cn-*"]},
-		{"identity":"worker.dns.example","locks":["dns-*"]}
+		{"identity":"worker.dns.example","locks":["dns-*"]},
+		{"identity":"worker_7.dns.example","locks":["dns-*"]}
 	]}`)
 	audit := filepath.Join(setup.dir, "audit.log")
 	s := start(t, nil, append(setup.flags(), "-audit-log", audit)...)
@@ -30,6 +31,11 @@ func TestURILookingNameIsNoIdentity(t *testing.T) {
 		{"a DNS SAN that looks like a URI", leafOpts{cn: "importer", dns: []string{"spiffe://prod/importer"}}},
 		{"a DNS SAN with a colon", leafOpts{dns: []string{"spiffe:prod"}}},
 		{"a CN with a slash", leafOpts{cn: "prod/importer"}},
+		{"a CN with a question mark", leafOpts{cn: "importer?x"}},
+		{"a CN with a hash", leafOpts{cn: "importer#1"}},
+		{"a CN with a percent sign", leafOpts{cn: "importer%2F"}},
+		{"a CN with a backslash", leafOpts{cn: `prod\importer`}},
+		{"a first DNS SAN that is no host name, then one that is", leafOpts{dns: []string{"spiffe:prod", "worker.dns.example"}}},
 	} {
 		f, _, err := tlsAcquire(t, s.addr, setup.clientConfig(t, setup.clientCA, tc.cert), "uri-a")
 		if err == nil {
@@ -46,13 +52,14 @@ func TestURILookingNameIsNoIdentity(t *testing.T) {
 		{"a plain CN", "cn-a", leafOpts{cn: "importer"}},
 		{"a CN with a comma", "cn-b", leafOpts{cn: "Doe, Jane"}},
 		{"a host name DNS SAN", "dns-a", leafOpts{cn: "spiffe://x/y", dns: []string{"worker.dns.example"}}},
+		{"a host name DNS SAN with an underscore", "dns-b", leafOpts{dns: []string{"worker_7.dns.example"}}},
 	} {
 		f, _, err := tlsAcquire(t, s.addr, setup.clientConfig(t, setup.clientCA, tc.cert), tc.lock)
 		if err != nil || f.Type != monolock.TypeAcquired {
 			t.Errorf("%s: %+v, %v; want ACQUIRED", tc.what, f, err)
 		}
 	}
-	waitForAuditLines(t, audit, 4)
+	waitForAuditLines(t, audit, 5)
 	data, _ := os.ReadFile(audit)
 	if strings.Contains(string(data), `"uri-a"`) {
 		t.Fatalf("the audit log has a session with a refused certificate:\n%s", data)

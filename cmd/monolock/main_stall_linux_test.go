@@ -1,13 +1,18 @@
 package main
 
 import (
+	"bufio"
+	"fmt"
 	"os"
 	"os/exec"
+	"regexp"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 	"unsafe"
+
+	"github.com/monolock-dev/monolock"
 )
 
 // pipeHolds is how many bytes wait in the pipe of r.
@@ -98,4 +103,82 @@ func TestSignalsEndTheServerWhenStderrIsStalled(t *testing.T) {
 			t.Fatal("the server still runs 10s after a second SIGTERM, its stderr stalled")
 		}
 	})
+}
+
+// A diagnostic line that finds the queue full (1,024 lines behind a
+// stalled stderr) is dropped, and the next line written says how many
+// were: here the debug lines of many sessions that end while nobody reads
+// stderr.
+func TestDroppedDiagnosticLinesAreCounted(t *testing.T) {
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.Close() })
+	const fSetPipeSz = 1031
+	if _, _, e := syscall.Syscall(syscall.SYS_FCNTL, w.Fd(), fSetPipeSz, 4096); e != 0 {
+		t.Fatalf("F_SETPIPE_SZ: %v", e)
+	}
+	cmd := exec.Command(binary, "-listen", "127.0.0.1:0", "-admin-listen", "127.0.0.1:0", "-log-level", "debug")
+	cmd.Stderr = w
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	w.Close()
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	silent := killAfter(cmd)
+
+	// Read up to the "serving" line, for the addresses; then nobody reads.
+	lines := bufio.NewReader(r)
+	addrRE := regexp.MustCompile(`msg="?serving( admin HTTP)?"? listen=([0-9.:]+)`)
+	var addr, admin string
+	for addr == "" {
+		line, err := lines.ReadString('\n')
+		if err != nil {
+			t.Fatalf("the server never said where it listens: %v", err)
+		}
+		if m := addrRE.FindStringSubmatch(line); m != nil && m[1] != "" {
+			admin = m[2]
+		} else if m != nil {
+			addr = m[2]
+		}
+	}
+	silent.Stop()
+	sessions := 1500 // each logs "session ended" as it ends: more than the queue and the pipe hold
+	for i := range sessions {
+		c, f := dial(t, addr, fmt.Sprintf("line-%d", i))
+		if f.Type != monolock.TypeAcquired {
+			t.Fatalf("session %d got %+v", i, f)
+		}
+		c.Close()
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		_, body := httpGet(t, "http://"+admin+"/api/info")
+		if fmt.Sprint(decodeJSON(t, body)["connections"]) == "0" {
+			break // every session has ended, and tried its line
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("sessions still open 10s after the last was closed: %s", body)
+		}
+	}
+
+	found := make(chan string, 1)
+	go func() {
+		for {
+			line, err := lines.ReadString('\n')
+			if strings.Contains(line, "diagnostic lines dropped") || err != nil {
+				found <- line
+				return
+			}
+		}
+	}()
+	select {
+	case line := <-found:
+		var n int
+		if _, err := fmt.Sscanf(line, "monolock: %d diagnostic lines dropped", &n); err != nil || n <= 0 {
+			t.Fatalf("stderr ended without saying how many lines were dropped (its last line: %q)", line)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no line on stderr says how many were dropped, 10s after it was read again")
+	}
 }

@@ -325,3 +325,76 @@ func stalledAudit(t *testing.T) (flags []string, stall func(*server)) {
 		}
 	}
 }
+
+// Each variable of the flags table sets what its flag would, each flag
+// beats its variable, and without either the default holds: /api/info's
+// config is the configuration in effect, and the server behaves by it.
+// (-listen and its variable: TestFlagsAndEnvironment, the walkthrough.)
+func TestEachVariableIsBetweenItsFlagAndTheDefault(t *testing.T) {
+	setup := newTLSSetup(t, `{"rules":[{"identity":"cn-worker","locks":["env-*"]}]}`)
+	client := setup.clientConfig(t, setup.clientCA, leafOpts{cn: "cn-worker"})
+	auditEnv, auditFlag := filepath.Join(setup.dir, "audit-env.log"), filepath.Join(setup.dir, "audit-flag.log")
+	env := []string{
+		"MONOLOCK_OPS_LISTEN_ADDRESS=127.0.0.1:0", "MONOLOCK_ADMIN_LISTEN_ADDRESS=127.0.0.1:0",
+		"MONOLOCK_IO_TIMEOUT=3s", "MONOLOCK_LOG_LEVEL=debug", "MONOLOCK_LOG_FORMAT=json",
+		"MONOLOCK_AUDIT_LOG=" + auditEnv, "MONOLOCK_TLS_CERT=" + setup.cert, "MONOLOCK_TLS_KEY=" + setup.key,
+		"MONOLOCK_TLS_CLIENT_CA=" + setup.caFile, "MONOLOCK_ACL_FILE=" + setup.acl,
+	}
+	checkConfig := func(what string, s *server, want map[string]any) {
+		t.Helper()
+		if s.admin == "" {
+			t.Fatalf("%s: no admin API; stderr:\n%s", what, s.log())
+		}
+		code, body := httpGet(t, "http://"+s.admin+"/api/info")
+		if code != 200 {
+			t.Fatalf("%s: /api/info: %d %s", what, code, body)
+		}
+		config, _ := decodeJSON(t, body)["config"].(map[string]any)
+		for name, v := range want {
+			if got := fmt.Sprint(config[name]); got != fmt.Sprint(v) {
+				t.Errorf("%s: config.%s = %s, want %v", what, name, got, v)
+			}
+		}
+	}
+	acquire := func(what string, s *server, name string, want byte) {
+		t.Helper()
+		f, conn, err := tlsAcquire(t, s.addr, client, name)
+		if err != nil || f.Type != want {
+			t.Fatalf("%s: ACQUIRE %s over mutual TLS: %+v, %v; want type 0x%02x", what, name, f, err, want)
+		}
+		conn.Close()
+	}
+
+	s := start(t, env)
+	if s.ops == "" {
+		t.Errorf("the variables alone: no ops server; stderr:\n%s", s.log())
+	}
+	checkConfig("the variables alone", s, map[string]any{
+		"ops_listen": "127.0.0.1:0", "admin_listen": "127.0.0.1:0", "io_timeout_ms": 3000,
+		"log_level": "debug", "log_format": "json", "audit_log": auditEnv,
+		"tls": true, "mtls": true, "acl_file": setup.acl})
+	acquire("the variables alone", s, "env-a", monolock.TypeAcquired) // TLS, client CA and rules in effect
+	acquire("the variables alone", s, "other", monolock.TypeError)
+	waitForAuditLines(t, auditEnv, 1)
+	waitForLog(t, s, `"level":"DEBUG","msg":"session ended"`)
+
+	s = start(t, env, "-ops-listen=", "-io-timeout", "4s", "-log-level", "info", "-log-format", "text",
+		"-audit-log", auditFlag, "-acl-file=")
+	if s.ops != "" {
+		t.Errorf("-ops-listen= did not beat MONOLOCK_OPS_LISTEN_ADDRESS: ops on %s", s.ops)
+	}
+	checkConfig("flags beside the variables", s, map[string]any{
+		"ops_listen": "", "admin_listen": "127.0.0.1:0", "io_timeout_ms": 4000,
+		"log_level": "info", "log_format": "text", "audit_log": auditFlag,
+		"tls": true, "mtls": true, "acl_file": ""})
+	acquire("flags beside the variables", s, "other", monolock.TypeAcquired) // no rules
+	waitForAuditLines(t, auditFlag, 1)
+	if !strings.HasPrefix(s.log(), "time=") {
+		t.Errorf("-log-format text did not beat MONOLOCK_LOG_FORMAT=json:\n%s", s.log())
+	}
+
+	s = start(t, nil, "-admin-listen", "127.0.0.1:0")
+	checkConfig("the defaults", s, map[string]any{
+		"ops_listen": "", "io_timeout_ms": 5000, "log_level": "info", "log_format": "text",
+		"audit_log": "", "tls": false, "mtls": false, "acl_file": ""})
+}

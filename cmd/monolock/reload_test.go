@@ -35,6 +35,11 @@ func TestReloadSubcommandSignalsOnlyTheServer(t *testing.T) {
 	if !alive(other.Process.Pid) {
 		t.Fatal("reload signalled a process that is not monolock")
 	}
+	// Without -pid: process 1, the server of a FROM scratch image (here
+	// not monolock, so not signalled).
+	if code, _, stderr := runBinary(t, nil, "reload"); code != 1 || !strings.Contains(stderr, "not signalling process 1:") {
+		t.Errorf("reload without -pid: exit %d, stderr %q; want 1 and a refusal to signal process 1", code, stderr)
+	}
 	if code, _, stderr := runBinary(t, nil, "reload", "-pid", "0"); code != 2 || !strings.Contains(stderr, "-pid") {
 		t.Errorf("reload -pid 0: exit %d, stderr %q; want 2", code, stderr)
 	}

@@ -335,6 +335,11 @@ func TestMutualTLSIdentitiesAndRules(t *testing.T) {
 		{"no client certificate", setup.clientConfig(t, nil, leafOpts{})},
 		{"certificate from another CA", setup.clientConfig(t, newCA(t, "rogue CA"), all)},
 		{"expired certificate", setup.clientConfig(t, setup.clientCA, leafOpts{cn: "cn-worker", notAfter: time.Now().Add(-time.Hour)})},
+		{"TLS 1.1", func() *tls.Config { // TLS 1.2 at least
+			cfg := setup.clientConfig(t, setup.clientCA, all)
+			cfg.MinVersion, cfg.MaxVersion = tls.VersionTLS10, tls.VersionTLS11
+			return cfg
+		}()},
 	} {
 		t.Run("refused: "+tc.name, func(t *testing.T) {
 			// With TLS 1.3 the client may finish its side of the handshake
@@ -463,16 +468,17 @@ func TestReloadKeepsLocksAndRejectsBrokenFiles(t *testing.T) {
 		t.Fatalf("old rules still applied: %+v", f)
 	}
 
-	// A broken file keeps everything as it was: here good new rules with a
-	// broken certificate, then a good certificate with broken rules.
+	// A broken file keeps everything as it was, and says why at error
+	// level: here good new rules with a broken certificate, then a good
+	// certificate with broken rules.
 	write(t, setup.acl, []byte(`{"rules":[{"identity":"cn-worker","locks":["c*"]}]}`))
 	write(t, setup.cert, []byte("-----BEGIN CERTIFICATE-----\nbroken\n-----END CERTIFICATE-----\n"))
-	reload("reload failed")
+	reload(`level=ERROR msg="reload failed`)
 	certPEM, keyPEM = setup.serverCA.leaf(t, leafOpts{cn: "server-c", server: true})
 	write(t, setup.cert, certPEM)
 	write(t, setup.key, keyPEM)
 	write(t, setup.acl, []byte(`{"rules":[{"identity":"cn-worker","locks":["c*"]}],"extra":1}`))
-	reload("reload failed")
+	reload(`level=ERROR msg="reload failed`)
 	if got := serverName(); got != "server-b" {
 		t.Fatalf("after failed reloads, new connections see %q, want server-b", got)
 	}
@@ -481,6 +487,28 @@ func TestReloadKeepsLocksAndRejectsBrokenFiles(t *testing.T) {
 	}
 	if f, _, _ := tlsAcquire(t, s.addr, cfg, "c-new"); f.Type != monolock.TypeError {
 		t.Fatalf("rules of a failed reload applied: %+v", f)
+	}
+}
+
+// SIGHUP re-reads the client CA: after a rotation to a new CA, new
+// connections must present a certificate of the new one, and one of the
+// old CA no longer verifies.
+func TestReloadReplacesTheClientCA(t *testing.T) {
+	setup := newTLSSetup(t, `{"rules":[{"identity":"cn-worker","locks":["*"]}]}`)
+	s := start(t, nil, setup.flags()...)
+	oldCert := setup.clientConfig(t, setup.clientCA, leafOpts{cn: "cn-worker"})
+	if f, _, err := tlsAcquire(t, s.addr, oldCert, "before"); err != nil || f.Type != monolock.TypeAcquired {
+		t.Fatalf("before the rotation: %+v, %v", f, err)
+	}
+	rotated := newCA(t, "client CA 2")
+	write(t, setup.caFile, rotated.pem())
+	s.cmd.Process.Signal(syscall.SIGHUP)
+	waitForLog(t, s, "reloaded TLS certificate and key, client CA, rules")
+	if f, _, err := tlsAcquire(t, s.addr, setup.clientConfig(t, rotated, leafOpts{cn: "cn-worker"}), "new-ca"); err != nil || f.Type != monolock.TypeAcquired {
+		t.Fatalf("a certificate of the new client CA: %+v, %v; want ACQUIRED", f, err)
+	}
+	if f, _, err := tlsAcquire(t, s.addr, oldCert, "old-ca"); err == nil {
+		t.Fatalf("a certificate of the replaced client CA got %+v, want the handshake refused", f)
 	}
 }
 

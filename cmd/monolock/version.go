@@ -23,8 +23,14 @@ type buildInfo struct {
 var stampVersion, stampRevision string
 
 func readBuildInfo() buildInfo {
+	return buildInfoFrom(debug.ReadBuildInfo())
+}
+
+// buildInfoFrom takes the stamps as an argument: a test binary has none
+// (go test stamps no VCS), so a test gives them.
+func buildInfoFrom(info *debug.BuildInfo, ok bool) buildInfo {
 	b := buildInfo{version: "(devel)", revision: "unknown", goVersion: runtime.Version()}
-	if info, ok := debug.ReadBuildInfo(); ok {
+	if ok {
 		if info.Main.Version != "" {
 			b.version = info.Main.Version
 		}

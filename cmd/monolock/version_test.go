@@ -4,6 +4,7 @@ import (
 	"os/exec"
 	"regexp"
 	"runtime"
+	"runtime/debug"
 	"strings"
 	"testing"
 )
@@ -89,5 +90,39 @@ func TestVersionStampedByTheLinker(t *testing.T) {
 	}
 	if want := "monolock v1.2.3, revision 0123abcd, "; !strings.HasPrefix(string(out), want) {
 		t.Errorf("monolock -version printed %q, want it to begin with %q", out, want)
+	}
+}
+
+// What the go command stamps (debug.BuildInfo) becomes -version's line:
+// the module version, the VCS revision, " (modified)" after it when the
+// checkout had uncommitted changes, and the Go version; the metric's (and
+// /api/info's) revision never has the mark. Here without a build: on a
+// machine whose GOFLAGS has -buildvcs=false, or in a copy of the tree
+// without .git, the binary of TestMain has no revision to show.
+func TestBuildInfoFromTheGoCommandsStamps(t *testing.T) {
+	platform := " " + runtime.GOOS + "/" + runtime.GOARCH
+	stamped := func(modified string) *debug.BuildInfo {
+		return &debug.BuildInfo{GoVersion: "go1.26.8", Main: debug.Module{Version: "v1.4.0"}, Settings: []debug.BuildSetting{
+			{Key: "vcs", Value: "git"}, {Key: "vcs.revision", Value: "0123abcd"},
+			{Key: "vcs.time", Value: "2026-01-02T03:04:05Z"}, {Key: "vcs.modified", Value: modified}}}
+	}
+	for _, tc := range []struct {
+		what, line, labels string
+		info               *debug.BuildInfo
+	}{
+		{"a clean checkout", "monolock v1.4.0, revision 0123abcd, go1.26.8" + platform,
+			`{version="v1.4.0",revision="0123abcd",goversion="go1.26.8"}`, stamped("false")},
+		{"uncommitted changes", "monolock v1.4.0, revision 0123abcd (modified), go1.26.8" + platform,
+			`{version="v1.4.0",revision="0123abcd",goversion="go1.26.8"}`, stamped("true")},
+		{"no build information", "monolock (devel), revision unknown, " + runtime.Version() + platform,
+			`{version="(devel)",revision="unknown",goversion="` + runtime.Version() + `"}`, nil},
+	} {
+		b := buildInfoFrom(tc.info, tc.info != nil)
+		if got := b.String(); got != tc.line {
+			t.Errorf("%s: -version prints %q, want %q", tc.what, got, tc.line)
+		}
+		if got := b.metricLabels(); got != tc.labels {
+			t.Errorf("%s: monolock_build_info%s, want %s", tc.what, got, tc.labels)
+		}
 	}
 }
