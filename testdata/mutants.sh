@@ -442,6 +442,32 @@ mutant run-does-not-retry cmd/monolock/run.go 'TestRunRetriesUntilTheServerAnswe
 mutant run-blames-a-retried-attempt cmd/monolock/run.go 'TestRunRefusalAfterARetrySaysOnlyTheRefusal|TestRunWaitEndedInTheQueueAfterARetry' ./cmd/monolock \
   'if (errors.Is(err, errWaitTimeout) || errors.Is(err, errSignal)) && betweenAttempts() {' \
   'if lastRetry != nil {'
+# Operator surfaces (audit.go, ops.go, metrics.go, admin_guard.go,
+# locks.go): what README.md and the spec publish, field by field.
+# The audit line's time is written in local time (TZ), not UTC.
+mutant audit-time-not-utc cmd/monolock/audit.go 'TestAuditLinesFieldByField' ./cmd/monolock \
+  'line := auditLine{Time: ev.Time.UTC().Format(time.RFC3339Nano)' \
+  'line := auditLine{Time: ev.Time.Format(time.RFC3339Nano)'
+# The audit queue's 8 MiB bound is not enforced: long lines queue without end.
+mutant audit-byte-bound-not-enforced cmd/monolock/audit.go 'TestStalledAuditSinkQueuesAtMost8MiB' ./cmd/monolock \
+  'if a.queuedBytes.Add(int64(len(b))) > auditQueueBytes {' \
+  'if a.queuedBytes.Add(int64(len(b))) > auditQueueBytes<<10 {'
+# A line dropped by the 8 MiB bound is not counted in monolock_audit_dropped_total.
+mutant audit-byte-drop-not-counted cmd/monolock/audit.go 'TestStalledAuditSinkQueuesAtMost8MiB' ./cmd/monolock \
+  $'a.queuedBytes.Add(-int64(len(b)))\n\t\ta.dropped.Add(1)\n\t\treturn' \
+  $'a.queuedBytes.Add(-int64(len(b)))\n\t\treturn'
+# Failed writes are reported at every tick, not at most once every 10 s.
+mutant audit-write-failures-reported-every-tick cmd/monolock/audit.go 'TestAuditReportsAreBoundedAndSayAStall' ./cmd/monolock \
+  'if n := a.errors.Load(); n > r.errors && now.Sub(r.errorsAt) >= auditReportEvery {' \
+  'if n := a.errors.Load(); n > r.errors {'
+# A write blocked for 5 s is never reported as AUDIT LOG STALLED (sign error).
+mutant audit-stall-never-reported cmd/monolock/audit.go 'TestAuditReportsAreBoundedAndSayAStall' ./cmd/monolock \
+  'began != 0 && now.Sub(time.Unix(0, began)) >= auditStallAfter' \
+  'began != 0 && time.Unix(0, began).Sub(now) >= auditStallAfter'
+# Lines still queued at the end of the shutdown's bound do not make the exit status 1.
+mutant audit-lines-queued-at-exit-not-lost cmd/monolock/audit.go 'TestAuditLinesStillQueuedAtTheBoundAreLost' ./cmd/monolock \
+  'lost = atExit + int64(failed) + int64(dropped)' \
+  'lost = int64(failed) + int64(dropped)'
 
 scratch=$(mktemp -d "${TMPDIR:-/tmp}/monolock-mutants.XXXXXX")
 trap 'rm -rf "$scratch"' EXIT
