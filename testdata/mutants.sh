@@ -468,6 +468,30 @@ mutant audit-stall-never-reported cmd/monolock/audit.go 'TestAuditReportsAreBoun
 mutant audit-lines-queued-at-exit-not-lost cmd/monolock/audit.go 'TestAuditLinesStillQueuedAtTheBoundAreLost' ./cmd/monolock \
   'lost = atExit + int64(failed) + int64(dropped)' \
   'lost = int64(failed) + int64(dropped)'
+# monolock_ready stays 1 while /readyz answers 503.
+mutant ready-gauge-stays-1 cmd/monolock/ops.go 'TestHealthTurns503WhenShutdownBegins' ./cmd/monolock \
+  $'if o.stopping.Load() {\n\t\tready = 0' \
+  $'if o.stopping.Load() {\n\t\tready = 1'
+# monolock_wait_seconds_sum in milliseconds.
+mutant wait-sum-in-milliseconds cmd/monolock/ops.go 'TestMetricsAfterAScriptedScenario' ./cmd/monolock \
+  '"_sum"+value(st.WaitTotal.Seconds())' \
+  '"_sum"+value(float64(st.WaitTotal.Milliseconds()))'
+# monolock_hold_seconds_sum in milliseconds.
+mutant hold-sum-in-milliseconds cmd/monolock/ops.go 'TestMetricsAfterAScriptedScenario' ./cmd/monolock \
+  '"_sum"+value(st.HoldTotal.Seconds())' \
+  '"_sum"+value(float64(st.HoldTotal.Milliseconds()))'
+# The event hook (the histograms) only with -audit-log: with -ops-listen alone they stay at 0.
+mutant histograms-only-with-audit cmd/monolock/main.go 'TestMetricsAfterAScriptedScenario' ./cmd/monolock \
+  'if *opsListen != "" || o.audit != nil {' \
+  'if o.audit != nil {'
+# A histogram bucket leaves out an observation equal to its bound (le is "less or equal").
+mutant histogram-le-exclusive cmd/monolock/metrics.go 'TestHistogramBucketsIncludeTheirBound' ./cmd/monolock \
+  's > durationBuckets[i]' \
+  's >= durationBuckets[i]'
+# monolock_audit_lines_lost_total: queue_full and write_error swapped.
+mutant audit-lost-reasons-swapped cmd/monolock/ops.go 'TestAuditLogToStdoutAndWriteFailures' ./cmd/monolock \
+  'label("reason", "queue_full")+uvalue(dropped), label("reason", "write_error")+uvalue(errs)' \
+  'label("reason", "queue_full")+uvalue(errs), label("reason", "write_error")+uvalue(dropped)'
 
 scratch=$(mktemp -d "${TMPDIR:-/tmp}/monolock-mutants.XXXXXX")
 trap 'rm -rf "$scratch"' EXIT
