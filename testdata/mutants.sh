@@ -492,6 +492,34 @@ mutant histogram-le-exclusive cmd/monolock/metrics.go 'TestHistogramBucketsInclu
 mutant audit-lost-reasons-swapped cmd/monolock/ops.go 'TestAuditLogToStdoutAndWriteFailures' ./cmd/monolock \
   'label("reason", "queue_full")+uvalue(dropped), label("reason", "write_error")+uvalue(errs)' \
   'label("reason", "queue_full")+uvalue(errs), label("reason", "write_error")+uvalue(dropped)'
+# /api/info's waiters counts the held locks.
+mutant info-waiters-is-locks-held cmd/monolock/ops.go 'TestAdminInfoHasTheDocumentedFields' ./cmd/monolock \
+  '"waiters":     st.Waiters,' \
+  '"waiters":     st.LocksHeld,'
+# /api/info's config: ops_listen and admin_listen swapped.
+mutant info-config-ops-admin-swapped cmd/monolock/main.go 'TestAdminInfoHasTheDocumentedFields' ./cmd/monolock \
+  '"ops_listen": *opsListen, "admin_listen": *adminListen,' \
+  '"ops_listen": *adminListen, "admin_listen": *opsListen,'
+# The admin API's holder.since in local time (TZ), not UTC.
+mutant admin-times-not-utc cmd/monolock/ops.go 'TestAdminLocksHaveTheDocumentedFields' ./cmd/monolock \
+  'RemoteAddr: s.RemoteAddr, Since: s.Since.UTC(),' \
+  'RemoteAddr: s.RemoteAddr, Since: s.Since,'
+# A lock without waiters has "waiters": null, not a list.
+mutant lock-without-waiters-null cmd/monolock/ops.go 'TestAdminLocksHaveTheDocumentedFields' ./cmd/monolock \
+  'out := lockJSON{Name: l.Name, Waiters: []waiterJSON{}}' \
+  'out := lockJSON{Name: l.Name}'
+# The kick's answer names the waiter "waiter", not "kicked".
+mutant kick-answer-misnamed cmd/monolock/ops.go 'TestAdminAPI$' ./cmd/monolock \
+  '"kicked": toWaiterJSON(waiter)' \
+  '"waiter": toWaiterJSON(waiter)'
+# The release's answer has no "name".
+mutant release-answer-without-name cmd/monolock/ops.go 'TestAdminAPI$' ./cmd/monolock \
+  'map[string]any{"name": name, "released": toHolderJSON(holder)}' \
+  'map[string]any{"released": toHolderJSON(holder)}'
+# A cross-origin refusal is Go's plain-text 403, not a JSON error.
+mutant cross-origin-refusal-not-json cmd/monolock/admin_guard.go 'TestAdminRefusesCrossOriginAndForeignHosts' ./cmd/monolock \
+  'cop.SetDenyHandler(' \
+  '_ = ('
 
 scratch=$(mktemp -d "${TMPDIR:-/tmp}/monolock-mutants.XXXXXX")
 trap 'rm -rf "$scratch"' EXIT

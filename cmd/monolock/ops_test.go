@@ -624,8 +624,16 @@ func TestAdminAPI(t *testing.T) {
 	}
 
 	// Kick the middle waiter: exactly it goes, the others keep their order.
-	if code, body := httpDo(t, "DELETE", base+"/api/locks/"+escaped+"/waiters/"+url.PathEscape(waiters[1].LocalAddr().String())); code != 200 {
+	// The answer is {"name", "kicked": waiter}.
+	code, body := httpDo(t, "DELETE", base+"/api/locks/"+escaped+"/waiters/"+url.PathEscape(waiters[1].LocalAddr().String()))
+	if code != 200 {
 		t.Fatalf("kick: %d %s", code, body)
+	}
+	answer := decodeJSON(t, body)
+	kicked := checkFields(t, "the kick's answer: kicked", answer["kicked"], map[string]string{
+		"identity": "string", "remote_addr": "string", "queued_at": "string", "lease_ms": "int"})
+	if answer["name"] != name || kicked["remote_addr"] != waiters[1].LocalAddr().String() {
+		t.Fatalf("kick answered %s; want the lock's name and the kicked waiter %s", body, waiters[1].LocalAddr())
 	}
 	waiters[1].expect(monolock.TypeError, monolock.CodeClosedByAdmin)
 	for deadline := time.Now().Add(10 * time.Second); len(getLock().Waiters) != 2; time.Sleep(10 * time.Millisecond) {
@@ -637,9 +645,17 @@ func TestAdminAPI(t *testing.T) {
 		t.Fatalf("queue after the kick: %+v", l.Waiters)
 	}
 
-	// Force-release: the holder gets 0x02, the next waiter the lock.
-	if code, body := httpDo(t, "POST", base+"/api/locks/"+escaped+"/release"); code != 200 {
+	// Force-release: the holder gets 0x02, the next waiter the lock. The
+	// answer is {"name", "released": holder}.
+	code, body = httpDo(t, "POST", base+"/api/locks/"+escaped+"/release")
+	if code != 200 {
 		t.Fatalf("release: %d %s", code, body)
+	}
+	answer = decodeJSON(t, body)
+	released := checkFields(t, "the release's answer: released", answer["released"], map[string]string{
+		"identity": "string", "remote_addr": "string", "since": "string", "lease_ms": "int", "token": "int", "token_string": "string"})
+	if answer["name"] != name || released["remote_addr"] != holder.LocalAddr().String() || released["token_string"] != fmt.Sprint(l.Holder.Token) {
+		t.Fatalf("release answered %s; want the lock's name and the holder %s with token %d", body, holder.LocalAddr(), l.Holder.Token)
 	}
 	holder.expect(monolock.TypeError, monolock.CodeClosedByAdmin)
 	waiters[0].expect(monolock.TypeAcquired, 0)
@@ -669,7 +685,7 @@ func TestAdminAPI(t *testing.T) {
 		}
 	}
 
-	code, body := httpGet(t, base+"/api/info")
+	code, body = httpGet(t, base+"/api/info")
 	var info map[string]any
 	if code != 200 || json.Unmarshal([]byte(body), &info) != nil || info["version"] == nil || info["config"] == nil || info["locks"] == nil {
 		t.Fatalf("/api/info: %d %s", code, body)
