@@ -520,6 +520,18 @@ mutant release-answer-without-name cmd/monolock/ops.go 'TestAdminAPI$' ./cmd/mon
 mutant cross-origin-refusal-not-json cmd/monolock/admin_guard.go 'TestAdminRefusesCrossOriginAndForeignHosts' ./cmd/monolock \
   'cop.SetDenyHandler(' \
   '_ = ('
+# monolock locks ignores MONOLOCK_ADMIN_ADDRESS (a misspelt variable).
+mutant locks-env-ignored cmd/monolock/locks.go 'TestLocksTableNamesHoldersFromTheAdminAPIOfTheEnvironment' ./cmd/monolock \
+  'map[string]string{"admin": "MONOLOCK_ADMIN_ADDRESS"}' \
+  'map[string]string{"admin": "MONOLOCK_ADMIN_ADDR"}'
+# monolock locks shows a holder's address without its identity.
+mutant locks-table-drops-identity cmd/monolock/locks.go 'TestLocksTableNamesHoldersFromTheAdminAPIOfTheEnvironment' ./cmd/monolock \
+  'holder = h.Identity + " (" + h.RemoteAddr + ")"' \
+  'holder = h.RemoteAddr'
+# monolock locks prints a holder's identity and address unescaped.
+mutant locks-holder-not-escaped cmd/monolock/locks.go 'TestNamesFromTheNetworkArePrintedEscaped' ./cmd/monolock \
+  'printable(l.Name), printable(holder)' \
+  'printable(l.Name), holder'
 
 scratch=$(mktemp -d "${TMPDIR:-/tmp}/monolock-mutants.XXXXXX")
 trap 'rm -rf "$scratch"' EXIT
