@@ -446,6 +446,96 @@ mutant run-does-not-retry cmd/monolock/run.go 'TestRunRetriesUntilTheServerAnswe
 mutant run-blames-a-retried-attempt cmd/monolock/run.go 'TestRunRefusalAfterARetrySaysOnlyTheRefusal|TestRunWaitEndedInTheQueueAfterARetry' ./cmd/monolock \
   'if (errors.Is(err, errWaitTimeout) || errors.Is(err, errSignal)) && betweenAttempts() {' \
   'if lastRetry != nil {'
+# Operator surfaces (audit.go, ops.go, metrics.go, admin_guard.go,
+# locks.go): what README.md and the spec publish, field by field.
+# The audit line's time is written in local time (TZ), not UTC.
+mutant audit-time-not-utc cmd/monolock/audit.go 'TestAuditLinesFieldByField' ./cmd/monolock \
+  'line := auditLine{Time: ev.Time.UTC().Format(time.RFC3339Nano)' \
+  'line := auditLine{Time: ev.Time.Format(time.RFC3339Nano)'
+# The audit queue's 8 MiB bound is not enforced: long lines queue without end.
+mutant audit-byte-bound-not-enforced cmd/monolock/audit.go 'TestStalledAuditSinkQueuesAtMost8MiB' ./cmd/monolock \
+  'if a.queuedBytes.Add(int64(len(b))) > auditQueueBytes {' \
+  'if a.queuedBytes.Add(int64(len(b))) > auditQueueBytes<<10 {'
+# A line dropped by the 8 MiB bound is not counted in monolock_audit_dropped_total.
+mutant audit-byte-drop-not-counted cmd/monolock/audit.go 'TestStalledAuditSinkQueuesAtMost8MiB' ./cmd/monolock \
+  $'a.queuedBytes.Add(-int64(len(b)))\n\t\ta.dropped.Add(1)\n\t\treturn' \
+  $'a.queuedBytes.Add(-int64(len(b)))\n\t\treturn'
+# Failed writes are reported at every tick, not at most once every 10 s.
+mutant audit-write-failures-reported-every-tick cmd/monolock/audit.go 'TestAuditReportsAreBoundedAndSayAStall' ./cmd/monolock \
+  'if n := a.errors.Load(); n > r.errors && now.Sub(r.errorsAt) >= auditReportEvery {' \
+  'if n := a.errors.Load(); n > r.errors {'
+# A write blocked for 5 s is never reported as AUDIT LOG STALLED (sign error).
+mutant audit-stall-never-reported cmd/monolock/audit.go 'TestAuditReportsAreBoundedAndSayAStall' ./cmd/monolock \
+  'began != 0 && now.Sub(time.Unix(0, began)) >= auditStallAfter' \
+  'began != 0 && time.Unix(0, began).Sub(now) >= auditStallAfter'
+# Lines still queued at the end of the shutdown's bound do not make the exit status 1.
+mutant audit-lines-queued-at-exit-not-lost cmd/monolock/audit.go 'TestAuditLinesStillQueuedAtTheBoundAreLost' ./cmd/monolock \
+  'lost = atExit + int64(failed) + int64(dropped)' \
+  'lost = int64(failed) + int64(dropped)'
+# monolock_ready stays 1 while /readyz answers 503.
+mutant ready-gauge-stays-1 cmd/monolock/ops.go 'TestHealthTurns503WhenShutdownBegins' ./cmd/monolock \
+  $'if o.stopping.Load() {\n\t\tready = 0' \
+  $'if o.stopping.Load() {\n\t\tready = 1'
+# monolock_wait_seconds_sum in milliseconds.
+mutant wait-sum-in-milliseconds cmd/monolock/ops.go 'TestMetricsAfterAScriptedScenario' ./cmd/monolock \
+  '"_sum"+value(st.WaitTotal.Seconds())' \
+  '"_sum"+value(float64(st.WaitTotal.Milliseconds()))'
+# monolock_hold_seconds_sum in milliseconds.
+mutant hold-sum-in-milliseconds cmd/monolock/ops.go 'TestMetricsAfterAScriptedScenario' ./cmd/monolock \
+  '"_sum"+value(st.HoldTotal.Seconds())' \
+  '"_sum"+value(float64(st.HoldTotal.Milliseconds()))'
+# The event hook (the histograms) only with -audit-log: with -ops-listen alone they stay at 0.
+mutant histograms-only-with-audit cmd/monolock/main.go 'TestMetricsAfterAScriptedScenario' ./cmd/monolock \
+  'if *opsListen != "" || o.audit != nil {' \
+  'if o.audit != nil {'
+# A histogram bucket leaves out an observation equal to its bound (le is "less or equal").
+mutant histogram-le-exclusive cmd/monolock/metrics.go 'TestHistogramBucketsIncludeTheirBound' ./cmd/monolock \
+  's > durationBuckets[i]' \
+  's >= durationBuckets[i]'
+# monolock_audit_lines_lost_total: queue_full and write_error swapped.
+mutant audit-lost-reasons-swapped cmd/monolock/ops.go 'TestAuditLogToStdoutAndWriteFailures' ./cmd/monolock \
+  'label("reason", "queue_full")+uvalue(dropped), label("reason", "write_error")+uvalue(errs)' \
+  'label("reason", "queue_full")+uvalue(errs), label("reason", "write_error")+uvalue(dropped)'
+# /api/info's waiters counts the held locks.
+mutant info-waiters-is-locks-held cmd/monolock/ops.go 'TestAdminInfoHasTheDocumentedFields' ./cmd/monolock \
+  '"waiters":     st.Waiters,' \
+  '"waiters":     st.LocksHeld,'
+# /api/info's config: ops_listen and admin_listen swapped.
+mutant info-config-ops-admin-swapped cmd/monolock/main.go 'TestAdminInfoHasTheDocumentedFields' ./cmd/monolock \
+  '"ops_listen": *opsListen, "admin_listen": *adminListen,' \
+  '"ops_listen": *adminListen, "admin_listen": *opsListen,'
+# The admin API's holder.since in local time (TZ), not UTC.
+mutant admin-times-not-utc cmd/monolock/ops.go 'TestAdminLocksHaveTheDocumentedFields' ./cmd/monolock \
+  'RemoteAddr: s.RemoteAddr, Since: s.Since.UTC(),' \
+  'RemoteAddr: s.RemoteAddr, Since: s.Since,'
+# A lock without waiters has "waiters": null, not a list.
+mutant lock-without-waiters-null cmd/monolock/ops.go 'TestAdminLocksHaveTheDocumentedFields' ./cmd/monolock \
+  'out := lockJSON{Name: l.Name, Waiters: []waiterJSON{}}' \
+  'out := lockJSON{Name: l.Name}'
+# The kick's answer names the waiter "waiter", not "kicked".
+mutant kick-answer-misnamed cmd/monolock/ops.go 'TestAdminAPI$' ./cmd/monolock \
+  '"kicked": toWaiterJSON(waiter)' \
+  '"waiter": toWaiterJSON(waiter)'
+# The release's answer has no "name".
+mutant release-answer-without-name cmd/monolock/ops.go 'TestAdminAPI$' ./cmd/monolock \
+  'map[string]any{"name": name, "released": toHolderJSON(holder)}' \
+  'map[string]any{"released": toHolderJSON(holder)}'
+# A cross-origin refusal is Go's plain-text 403, not a JSON error.
+mutant cross-origin-refusal-not-json cmd/monolock/admin_guard.go 'TestAdminRefusesCrossOriginAndForeignHosts' ./cmd/monolock \
+  'cop.SetDenyHandler(' \
+  '_ = ('
+# monolock locks ignores MONOLOCK_ADMIN_ADDRESS (a misspelt variable).
+mutant locks-env-ignored cmd/monolock/locks.go 'TestLocksTableNamesHoldersFromTheAdminAPIOfTheEnvironment' ./cmd/monolock \
+  'map[string]string{"admin": "MONOLOCK_ADMIN_ADDRESS"}' \
+  'map[string]string{"admin": "MONOLOCK_ADMIN_ADDR"}'
+# monolock locks shows a holder's address without its identity.
+mutant locks-table-drops-identity cmd/monolock/locks.go 'TestLocksTableNamesHoldersFromTheAdminAPIOfTheEnvironment' ./cmd/monolock \
+  'holder = h.Identity + " (" + h.RemoteAddr + ")"' \
+  'holder = h.RemoteAddr'
+# monolock locks prints a holder's identity and address unescaped.
+mutant locks-holder-not-escaped cmd/monolock/locks.go 'TestNamesFromTheNetworkArePrintedEscaped' ./cmd/monolock \
+  'printable(l.Name), printable(holder)' \
+  'printable(l.Name), holder'
 
 # Configuration and security
 # parse: the environment is applied after the command line, so it beats a flag.

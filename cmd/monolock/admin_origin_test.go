@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -55,6 +56,14 @@ func TestAdminRefusesCrossOriginAndForeignHosts(t *testing.T) {
 			t.Fatalf("%s: the lock is no longer held by %d: %d %s", when, f.Token, code, body)
 		}
 	}
+	// Every refusal is a JSON error, as every error of the API is.
+	jsonError := func(what, body string) {
+		t.Helper()
+		var e map[string]any
+		if err := json.Unmarshal([]byte(body), &e); err != nil || e["error"] == nil || e["error"] == "" {
+			t.Errorf("%s: the refusal is not a JSON error: %q", what, body)
+		}
+	}
 	form := []string{"Content-Type", "application/x-www-form-urlencoded"}
 	for _, tc := range []struct {
 		what   string
@@ -64,15 +73,19 @@ func TestAdminRefusesCrossOriginAndForeignHosts(t *testing.T) {
 		{"a same-site page of another origin", append([]string{"Origin", "http://127.0.0.1:8080", "Sec-Fetch-Site", "same-site"}, form...)},
 		{"a browser that sends only Origin", append([]string{"Origin", "http://evil.example"}, form...)},
 	} {
-		if code, body := do("POST", "/api/locks/prod/release", "", tc.header...); code != http.StatusForbidden || !strings.Contains(body, "cross-origin") {
+		code, body := do("POST", "/api/locks/prod/release", "", tc.header...)
+		if code != http.StatusForbidden || !strings.Contains(body, "cross-origin") {
 			t.Errorf("%s: POST release answered %d %s, want 403", tc.what, code, body)
 		}
+		jsonError(tc.what, body)
 		held("after " + tc.what)
 	}
 	for _, host := range []string{"evil.example:" + port, "evil.example", "localhost.evil.example:" + port, "127.0.0.1.nip.io:" + port} {
-		if code, body := do("GET", "/api/locks", host); code != http.StatusForbidden || strings.Contains(body, "prod") {
+		code, body := do("GET", "/api/locks", host)
+		if code != http.StatusForbidden || strings.Contains(body, "prod") {
 			t.Errorf("Host %s: GET /api/locks answered %d %s, want 403", host, code, body)
 		}
+		jsonError("Host "+host, body)
 		if code, _ := do("POST", "/api/locks/prod/release", host); code != http.StatusForbidden {
 			t.Errorf("Host %s: POST release answered %d, want 403", host, code)
 		}

@@ -147,6 +147,36 @@ func TestDroppedAuditLinesCountAsLostAtExit(t *testing.T) {
 	}
 }
 
+// Lines the sink has not taken when the shutdown's bound ends are lost
+// too: with no write failed and no line dropped, they alone make the exit
+// status 1, and the log says how many were left.
+func TestAuditLinesStillQueuedAtTheBoundAreLost(t *testing.T) {
+	fifo := filepath.Join(t.TempDir(), "audit")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	reader, err := os.OpenFile(fifo, os.O_RDONLY|syscall.O_NONBLOCK, 0) // never reads
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer reader.Close()
+	var log bytes.Buffer
+	a, err := openAudit(fifo, slog.New(slog.NewTextHandler(&lockedWriter{w: &log}, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A line longer than the pipe holds blocks in its write; the second waits.
+	ev := monolock.Event{Type: monolock.EventGranted, Lock: strings.Repeat("x", 1<<20), Time: time.Now(), Token: 1}
+	a.event(ev)
+	a.event(ev)
+	if lost := a.close(200 * time.Millisecond); lost != 2 || a.dropped.Load() != 0 || a.errors.Load() != 0 {
+		t.Fatalf("close = %d lost, with %d dropped and %d failed; want the 2 lines still queued", lost, a.dropped.Load(), a.errors.Load())
+	}
+	if !strings.Contains(log.String(), "AUDIT LOG LINES LOST AT EXIT") || !strings.Contains(log.String(), "lost=2 write_failed=0 dropped=0 lost_at_exit=2") {
+		t.Fatalf("the lines left in the queue are not said; log:\n%s", log.String())
+	}
+}
+
 type lockedWriter struct {
 	mu sync.Mutex
 	w  io.Writer

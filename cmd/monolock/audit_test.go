@@ -1,9 +1,14 @@
 package main
 
 import (
+	"bytes"
 	"fmt"
+	"io"
+	"log/slog"
 	"net"
 	"os"
+	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -193,4 +198,85 @@ func TestAuditReaderThatGoesAwayCostsWriteErrors(t *testing.T) {
 		}
 	}
 	waitForLog(t, s, "AUDIT LOG WRITE FAILED")
+}
+
+// The queue's other bound: 8 MiB of lines, whatever their number (plus the
+// line being written). Long lines fill it long before 10,000 do, and each
+// line that finds it full is dropped and counted.
+func TestStalledAuditSinkQueuesAtMost8MiB(t *testing.T) {
+	fifo := filepath.Join(t.TempDir(), "audit")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	reader, err := os.OpenFile(fifo, os.O_RDONLY|syscall.O_NONBLOCK, 0) // reads nothing yet
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer reader.Close()
+	a, err := openAudit(fifo, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Lines of a little more than 1 MiB: the first blocks in its write (a
+	// pipe holds 64 KiB), the others queue.
+	const n, line = 20, 1 << 20
+	ev := monolock.Event{Type: monolock.EventGranted, Lock: strings.Repeat("x", line), Time: time.Now(), Token: 1}
+	for range n {
+		a.event(ev)
+	}
+	queued, dropped, bytes := a.queued.Load(), a.dropped.Load(), a.queuedBytes.Load()
+	if bytes > auditQueueBytes+line+1024 || dropped == 0 || queued+int64(dropped) != n {
+		t.Fatalf("after %d lines of 1 MiB: %d queued (%d bytes), %d dropped; want at most 8 MiB and a line queued, every other line dropped and counted",
+			n, queued, bytes, dropped)
+	}
+	go io.Copy(io.Discard, reader) // the sink recovers
+	if lost := a.close(10 * time.Second); lost != int64(dropped) {
+		t.Fatalf("close = %d lost, want the %d dropped", lost, dropped)
+	}
+}
+
+// The reports of lost lines and of a stalled write, against the test's
+// clock (the monitor reports once a second): the first loss of each kind
+// is said at the next report, later ones at most once every 10 s, and a
+// write blocked for 5 s is said, as often.
+func TestAuditReportsAreBoundedAndSayAStall(t *testing.T) {
+	var log bytes.Buffer
+	a := &auditLog{path: "audit.log", logger: slog.New(slog.NewTextHandler(&log, nil))}
+	var r auditReporter
+	const failed, dropped, stalled = "AUDIT LOG WRITE FAILED", "AUDIT LOG LINES DROPPED", "AUDIT LOG STALLED"
+	t0 := time.Now()
+	at := func(d time.Duration, want ...string) {
+		t.Helper()
+		log.Reset()
+		a.report(&r, t0.Add(d))
+		for _, kind := range []string{failed, dropped, stalled} {
+			lines := 0
+			if slices.Contains(want, kind) {
+				lines = 1
+			}
+			if said := strings.Count(log.String(), kind); said != lines {
+				t.Errorf("at +%v: %d lines %q, want %d; log:\n%s", d, said, kind, lines, log.String())
+			}
+		}
+	}
+	at(0) // nothing lost, nothing blocked
+	a.errors.Add(1)
+	a.dropped.Add(1)
+	at(time.Second, failed, dropped)
+	for s := 2; s <= 10; s++ { // more of both, within 10 s of the reports
+		a.errors.Add(1)
+		a.dropped.Add(1)
+		at(time.Duration(s) * time.Second)
+	}
+	at(11*time.Second, failed, dropped)
+	at(25 * time.Second) // nothing new since
+	a.writeBegan.Store(t0.Add(30 * time.Second).UnixNano())
+	at(34 * time.Second)
+	at(35*time.Second, stalled)
+	for s := 36; s <= 44; s++ {
+		at(time.Duration(s) * time.Second)
+	}
+	at(45*time.Second, stalled)
+	a.writeBegan.Store(0) // the write returned
+	at(60 * time.Second)
 }

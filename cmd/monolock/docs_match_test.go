@@ -110,14 +110,15 @@ func TestAdminInfoHasTheDocumentedFields(t *testing.T) {
 		t.Fatalf("/api/info: %d %s", code, body)
 	}
 	info := checkFields(t, "info", decodeJSON(t, body), map[string]string{
-		"version": "string", "uptime_ms": "int", "config": "object", "locks": "int", "sessions": "int"})
+		"version": "string", "uptime_ms": "int", "config": "object", "locks": "int", "sessions": "int",
+		"waiters": "int", "connections": "int"})
 	config := checkFields(t, "info.config", info["config"], map[string]string{
-		"listen": "string", "ops_listen": "string", "tls": "bool", "mtls": "bool",
-		"acl_file": "string", "audit_log": "string", "io_timeout_ms": "int"})
+		"listen": "string", "ops_listen": "string", "admin_listen": "string", "tls": "bool", "mtls": "bool",
+		"acl_file": "string", "audit_log": "string", "io_timeout_ms": "int", "log_level": "string", "log_format": "string"})
 	if t.Failed() {
 		t.Fatalf("in\n%s", body)
 	}
-	for name, want := range map[string]string{"locks": "2", "sessions": "3"} {
+	for name, want := range map[string]string{"locks": "2", "sessions": "3", "waiters": "1", "connections": "3"} {
 		if got := info[name].(json.Number).String(); got != want {
 			t.Errorf("info.%s = %s, want %s (x held and waited for, y held)", name, got, want)
 		}
@@ -125,16 +126,21 @@ func TestAdminInfoHasTheDocumentedFields(t *testing.T) {
 	if ms, _ := info["uptime_ms"].(json.Number).Int64(); ms < 50 || ms > 10*60*1000 {
 		t.Errorf("uptime_ms = %d", ms)
 	}
-	if got := config["io_timeout_ms"].(json.Number).String(); got != "3000" {
-		t.Errorf("config.io_timeout_ms = %s, want 3000", got)
-	}
-	if config["listen"] != "127.0.0.1:0" || config["tls"] != false || config["mtls"] != false || config["audit_log"] != "" {
-		t.Errorf("config %v does not describe the flags given", config)
+	// The configuration in effect; an unset address or file is "".
+	for name, want := range map[string]any{
+		"listen": "127.0.0.1:0", "ops_listen": "", "admin_listen": "127.0.0.1:0", "tls": false, "mtls": false,
+		"acl_file": "", "audit_log": "", "io_timeout_ms": json.Number("3000"), "log_level": "info", "log_format": "text",
+	} {
+		if config[name] != want {
+			t.Errorf("config.%s = %#v, want %#v", name, config[name], want)
+		}
 	}
 }
 
 func TestAdminLocksHaveTheDocumentedFields(t *testing.T) {
-	s := start(t, nil, "-admin-listen", "127.0.0.1:0")
+	// In a zone east of UTC: on a machine whose own zone is UTC, a time
+	// written in local time would still end in Z.
+	s := start(t, []string{"TZ=Asia/Tokyo"}, "-admin-listen", "127.0.0.1:0")
 	before := time.Now()
 	holder, granted := rawAcquire(t, s.addr, "docs/lock", time.Minute)
 	waiter, f := rawAcquire(t, s.addr, "docs/lock", 30*time.Second)
@@ -186,6 +192,17 @@ func TestAdminLocksHaveTheDocumentedFields(t *testing.T) {
 		t.Fatalf("/api/locks/docs%%2Flock: %d %s", code, body)
 	}
 	check("/api/locks/{name}", decodeJSON(t, body))
+
+	// A lock nobody waits for has an empty list of waiters, not null.
+	rawAcquire(t, s.addr, "docs/alone", time.Minute)
+	code, body = httpGet(t, "http://"+s.admin+"/api/locks/"+url.PathEscape("docs/alone"))
+	if code != 200 {
+		t.Fatalf("/api/locks/docs%%2Falone: %d %s", code, body)
+	}
+	l := checkFields(t, "/api/locks/docs%2Falone", decodeJSON(t, body), map[string]string{"holder": "object", "waiters": "array"})
+	if waiters, _ := l["waiters"].([]any); len(waiters) != 0 {
+		t.Errorf("/api/locks/docs%%2Falone: waiters %v, want none", l["waiters"])
+	}
 }
 
 // protocolErrorCodes are the label values of

@@ -3,7 +3,10 @@ package main
 import (
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"regexp"
 	"strings"
 	"testing"
@@ -111,8 +114,8 @@ func TestConnectionsActiveCountsConnectionsAndSessionsAreHeldPlusWaiters(t *test
 }
 
 // Text from the network reaches a terminal escaped: a lock name with a
-// terminal escape and a tab, in monolock locks (run's waiting line: in
-// TestRunSaysItWaits).
+// terminal escape and a tab, and a holder's identity and address, in
+// monolock locks (run's waiting line: in TestRunSaysItWaits).
 func TestNamesFromTheNetworkArePrintedEscaped(t *testing.T) {
 	s := start(t, nil, "-admin-listen", "127.0.0.1:0")
 	name := "evil\x1b[2J\tname"
@@ -125,4 +128,44 @@ func TestNamesFromTheNetworkArePrintedEscaped(t *testing.T) {
 		t.Fatalf("monolock locks: exit %d, stdout %q, stderr %q; want the name quoted and escaped", code, stdout, stderr)
 	}
 	holder.Close()
+
+	// The holder's identity and address come from the admin API as well:
+	// what answers at -admin cannot write terminal escapes through them.
+	fake := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, `{"locks":[{"name":"x","holder":{"identity":"id\u001b[2J","remote_addr":"10.0.0.1:1\u001b]0;title\u0007",`+
+			`"since":"2026-01-01T00:00:00Z","lease_ms":1000,"token":1},"waiters":[]}]}`)
+	}))
+	defer fake.Close()
+	code, stdout, stderr = runBinary(t, nil, "locks", "-admin", fake.Listener.Addr().String())
+	if code != 0 || strings.ContainsAny(stdout, "\x1b\a") || !strings.Contains(stdout, `"id\x1b[2J (10.0.0.1:1\x1b]0;title\a)"`) {
+		t.Fatalf("monolock locks: exit %d, stdout %q, stderr %q; want the holder quoted and escaped", code, stdout, stderr)
+	}
+}
+
+// monolock locks takes the admin API's address from MONOLOCK_ADMIN_ADDRESS
+// when -admin is not given (a flag beats it), and shows each holder as its
+// certificate's identity with its address, as the README's table does.
+func TestLocksTableNamesHoldersFromTheAdminAPIOfTheEnvironment(t *testing.T) {
+	const identity = "spiffe://prod/importer"
+	setup := newTLSSetup(t, `{"rules":[{"identity":"`+identity+`","locks":["nightly/*"]}]}`)
+	s := start(t, nil, append(setup.flags(), "-admin-listen", "127.0.0.1:0")...)
+	cfg := setup.clientConfig(t, setup.clientCA, leafOpts{cn: "importer", uris: []string{identity}})
+	f, c, err := tlsAcquire(t, s.addr, cfg, "nightly/import")
+	if err != nil || f.Type != monolock.TypeAcquired {
+		t.Fatalf("got %+v, %v; want ACQUIRED", f, err)
+	}
+	holder := identity + " (" + c.LocalAddr().String() + ")"
+	for _, tc := range []struct {
+		env  []string
+		args []string
+	}{
+		{[]string{"MONOLOCK_ADMIN_ADDRESS=" + s.admin}, nil},
+		{[]string{"MONOLOCK_ADMIN_ADDRESS=127.0.0.1:1"}, []string{"-admin", s.admin}},
+	} {
+		code, stdout, stderr := runBinary(t, tc.env, append([]string{"locks"}, tc.args...)...)
+		row := regexp.MustCompile(`(?m)^nightly/import +` + regexp.QuoteMeta(holder) + ` +\S+ +` + fmt.Sprint(f.Token) + ` +0$`)
+		if code != 0 || !row.MatchString(stdout) {
+			t.Errorf("env %v, args %v: exit %d, stdout %q, stderr %q; want a row matching %s", tc.env, tc.args, code, stdout, stderr, row)
+		}
+	}
 }

@@ -14,6 +14,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -228,6 +229,7 @@ func checkExposition(t *testing.T, body string) []sample {
 
 func TestMetricsAfterAScriptedScenario(t *testing.T) {
 	s := start(t, nil, "-ops-listen", "127.0.0.1:0", "-admin-listen", "127.0.0.1:0")
+	begin := time.Now()
 	a, _ := rawAcquire(t, s.addr, "m1", time.Minute)
 	b, f := rawAcquire(t, s.addr, "m1", time.Minute)
 	if f.Type != monolock.TypeWaiting {
@@ -257,7 +259,10 @@ func TestMetricsAfterAScriptedScenario(t *testing.T) {
 	var body string
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
 		values, body = metrics(t, s)
-		if values["monolock_connections_active"] == 0 && values[`monolock_releases_total{reason="force"}`] == 1 {
+		// The histograms are fed by the event hook, a moment after the
+		// counters; with -ops-listen alone too (no audit log).
+		if values["monolock_connections_active"] == 0 && values[`monolock_releases_total{reason="force"}`] == 1 &&
+			values["monolock_wait_duration_seconds_count"] == 3 && values["monolock_hold_duration_seconds_count"] == 3 {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -288,8 +293,40 @@ func TestMetricsAfterAScriptedScenario(t *testing.T) {
 			t.Errorf("%s = %v (present: %v), want %v", name, got, ok, want)
 		}
 	}
-	if values["monolock_hold_seconds_sum"] < 0.2 || values["go_goroutines"] < 1 || values["go_heap_alloc_bytes"] <= 0 {
+	if values["go_goroutines"] < 1 || values["go_heap_alloc_bytes"] <= 0 {
 		t.Errorf("implausible values:\n%s", body)
+	}
+	// The sums are in seconds: b waited, and a and c held, for at least
+	// c's lease of 200 ms, and none of the three waits or holds lasted
+	// longer than the test. The histograms' sums are the summaries'.
+	elapsed := time.Since(begin).Seconds()
+	for _, name := range []string{"monolock_wait_seconds_sum", "monolock_hold_seconds_sum"} {
+		if v := values[name]; v < 0.2 || v > 3*elapsed {
+			t.Errorf("%s = %v, want seconds: between 0.2 and %.3f", name, v, 3*elapsed)
+		}
+	}
+	for histogram, summary := range map[string]string{"monolock_wait_duration_seconds_sum": "monolock_wait_seconds_sum",
+		"monolock_hold_duration_seconds_sum": "monolock_hold_seconds_sum"} {
+		if math.Abs(values[histogram]-values[summary]) > 1e-6 {
+			t.Errorf("%s = %v, %s = %v: want the same", histogram, values[histogram], summary, values[summary])
+		}
+	}
+}
+
+// A bucket counts the observations up to its bound and the one equal to
+// it (le: less than or equal): an immediate grant of exactly 1 ms is in
+// the first, and an hour in le="3600".
+func TestHistogramBucketsIncludeTheirBound(t *testing.T) {
+	var h histogram
+	for _, d := range []time.Duration{0, time.Millisecond, time.Millisecond + 1, time.Hour, time.Hour + time.Nanosecond} {
+		h.observe(d)
+	}
+	samples := h.samples()
+	for _, want := range []string{`_bucket{le="0.001"} 2`, `_bucket{le="0.0025"} 3`, `_bucket{le="1800"} 3`,
+		`_bucket{le="3600"} 4`, `_bucket{le="+Inf"} 5`, "_count 5"} {
+		if !slices.Contains(samples, want) {
+			t.Errorf("no %s in %q", want, samples)
+		}
 	}
 }
 
@@ -308,6 +345,9 @@ func TestHealthTurns503WhenShutdownBegins(t *testing.T) {
 	if code, _ := httpGet(t, "http://"+s.ops+"/readyz"); code != 200 {
 		t.Fatalf("/readyz: %d", code)
 	}
+	if values, _ := metrics(t, s); values["monolock_ready"] != 1 {
+		t.Fatalf("monolock_ready = %v while /readyz answers 200, want 1", values["monolock_ready"])
+	}
 	stall(s) // the shutdown cannot finish
 	s.cmd.Process.Signal(syscall.SIGTERM)
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
@@ -324,6 +364,9 @@ func TestHealthTurns503WhenShutdownBegins(t *testing.T) {
 	}
 	if code, _ := httpGet(t, "http://"+s.ops+"/readyz"); code != 503 {
 		t.Fatalf("/readyz: %d during shutdown", code)
+	}
+	if values, _ := metrics(t, s); values["monolock_ready"] != 0 {
+		t.Fatalf("monolock_ready = %v during shutdown, want 0", values["monolock_ready"])
 	}
 	select {
 	case <-s.done:
@@ -523,6 +566,13 @@ func TestAuditLogToStdoutAndWriteFailures(t *testing.T) {
 		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
 			values, _ := metrics(t, s)
 			if values["monolock_audit_write_errors_total"] == 2 {
+				// And as lost lines, by reason: both failed writes, none
+				// dropped from the queue.
+				for reason, want := range map[string]float64{"write_error": 2, "queue_full": 0, "event_dropped": 0} {
+					if got := values[`monolock_audit_lines_lost_total{reason="`+reason+`"}`]; got != want {
+						t.Errorf("monolock_audit_lines_lost_total{reason=%q} = %v, want %v", reason, got, want)
+					}
+				}
 				break
 			}
 			if time.Now().After(deadline) {
@@ -574,8 +624,16 @@ func TestAdminAPI(t *testing.T) {
 	}
 
 	// Kick the middle waiter: exactly it goes, the others keep their order.
-	if code, body := httpDo(t, "DELETE", base+"/api/locks/"+escaped+"/waiters/"+url.PathEscape(waiters[1].LocalAddr().String())); code != 200 {
+	// The answer is {"name", "kicked": waiter}.
+	code, body := httpDo(t, "DELETE", base+"/api/locks/"+escaped+"/waiters/"+url.PathEscape(waiters[1].LocalAddr().String()))
+	if code != 200 {
 		t.Fatalf("kick: %d %s", code, body)
+	}
+	answer := decodeJSON(t, body)
+	kicked := checkFields(t, "the kick's answer: kicked", answer["kicked"], map[string]string{
+		"identity": "string", "remote_addr": "string", "queued_at": "string", "lease_ms": "int"})
+	if answer["name"] != name || kicked["remote_addr"] != waiters[1].LocalAddr().String() {
+		t.Fatalf("kick answered %s; want the lock's name and the kicked waiter %s", body, waiters[1].LocalAddr())
 	}
 	waiters[1].expect(monolock.TypeError, monolock.CodeClosedByAdmin)
 	for deadline := time.Now().Add(10 * time.Second); len(getLock().Waiters) != 2; time.Sleep(10 * time.Millisecond) {
@@ -587,9 +645,17 @@ func TestAdminAPI(t *testing.T) {
 		t.Fatalf("queue after the kick: %+v", l.Waiters)
 	}
 
-	// Force-release: the holder gets 0x02, the next waiter the lock.
-	if code, body := httpDo(t, "POST", base+"/api/locks/"+escaped+"/release"); code != 200 {
+	// Force-release: the holder gets 0x02, the next waiter the lock. The
+	// answer is {"name", "released": holder}.
+	code, body = httpDo(t, "POST", base+"/api/locks/"+escaped+"/release")
+	if code != 200 {
 		t.Fatalf("release: %d %s", code, body)
+	}
+	answer = decodeJSON(t, body)
+	released := checkFields(t, "the release's answer: released", answer["released"], map[string]string{
+		"identity": "string", "remote_addr": "string", "since": "string", "lease_ms": "int", "token": "int", "token_string": "string"})
+	if answer["name"] != name || released["remote_addr"] != holder.LocalAddr().String() || released["token_string"] != fmt.Sprint(l.Holder.Token) {
+		t.Fatalf("release answered %s; want the lock's name and the holder %s with token %d", body, holder.LocalAddr(), l.Holder.Token)
 	}
 	holder.expect(monolock.TypeError, monolock.CodeClosedByAdmin)
 	waiters[0].expect(monolock.TypeAcquired, 0)
@@ -619,7 +685,7 @@ func TestAdminAPI(t *testing.T) {
 		}
 	}
 
-	code, body := httpGet(t, base+"/api/info")
+	code, body = httpGet(t, base+"/api/info")
 	var info map[string]any
 	if code != 200 || json.Unmarshal([]byte(body), &info) != nil || info["version"] == nil || info["config"] == nil || info["locks"] == nil {
 		t.Fatalf("/api/info: %d %s", code, body)
