@@ -524,6 +524,18 @@ mutant release-answer-without-name cmd/monolock/ops.go 'TestAdminAPI$' ./cmd/mon
 mutant cross-origin-refusal-not-json cmd/monolock/admin_guard.go 'TestAdminRefusesCrossOriginAndForeignHosts' ./cmd/monolock \
   'cop.SetDenyHandler(' \
   '_ = ('
+# monolock locks -match ignored: every lock is listed.
+mutant locks-match-ignored cmd/monolock/locks.go 'TestLocksMatchesAndSaysWhatTheAdminAPIRefused' ./cmd/monolock \
+  'if *match != "" {' \
+  'if false {'
+# An error from the admin API printed as an empty table, exit 0.
+mutant locks-non-200-exit-0 cmd/monolock/locks.go 'TestLocksMatchesAndSaysWhatTheAdminAPIRefused' ./cmd/monolock \
+  'if resp.StatusCode != http.StatusOK {' \
+  'if false {'
+# A reply that is not JSON printed as an empty table, exit 0.
+mutant locks-non-json-exit-0 cmd/monolock/locks.go 'TestLocksMatchesAndSaysWhatTheAdminAPIRefused' ./cmd/monolock \
+  'if err := json.NewDecoder(resp.Body).Decode(&body); err != nil {' \
+  'if err := json.NewDecoder(resp.Body).Decode(&body); err != nil && false {'
 # monolock locks ignores MONOLOCK_ADMIN_ADDRESS (a misspelt variable).
 mutant locks-env-ignored cmd/monolock/locks.go 'TestLocksTableNamesHoldersFromTheAdminAPIOfTheEnvironment' ./cmd/monolock \
   'map[string]string{"admin": "MONOLOCK_ADMIN_ADDRESS"}' \

@@ -169,3 +169,41 @@ func TestLocksTableNamesHoldersFromTheAdminAPIOfTheEnvironment(t *testing.T) {
 		}
 	}
 }
+
+// monolock locks -match shows only the locks its glob matches, and an
+// answer of the admin API other than 200 is an error (exit 1, with the
+// status and the API's reason), never an empty table: an operator whose
+// -admin names a host the API refuses must not read "no locks".
+func TestLocksMatchesAndSaysWhatTheAdminAPIRefused(t *testing.T) {
+	s := start(t, nil, "-admin-listen", "127.0.0.1:0")
+	rawAcquire(t, s.addr, "nightly/import", time.Minute)
+	rawAcquire(t, s.addr, "deploy", time.Minute)
+	code, stdout, stderr := runBinary(t, nil, "locks", "-admin", s.admin, "-match", "nightly/*")
+	if code != 0 || !strings.Contains(stdout, "nightly/import") || strings.Contains(stdout, "deploy") {
+		t.Fatalf("locks -match 'nightly/*': exit %d, stdout %q, stderr %q; want nightly/import alone", code, stdout, stderr)
+	}
+
+	for _, tc := range []struct {
+		status int
+		body   string
+		want   []string
+	}{
+		{http.StatusForbidden, `{"error":"forbidden: Host \"admin.example:7071\" is not this server's"}`, []string{"403 Forbidden", `forbidden: Host "admin.example:7071"`}},
+		{http.StatusBadGateway, `<html>bad gateway</html>`, []string{"502 Bad Gateway", "not the admin API's JSON"}},
+	} {
+		fake := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.WriteHeader(tc.status)
+			io.WriteString(w, tc.body)
+		}))
+		code, stdout, stderr := runBinary(t, nil, "locks", "-admin", fake.Listener.Addr().String())
+		fake.Close()
+		if code != 1 || stdout != "" || strings.Count(stderr, "\n") != 1 {
+			t.Errorf("admin API answering %d: exit %d, stdout %q, stderr %q; want exit 1, no table, one line", tc.status, code, stdout, stderr)
+		}
+		for _, w := range tc.want {
+			if !strings.Contains(stderr, w) {
+				t.Errorf("admin API answering %d: stderr %q does not say %q", tc.status, stderr, w)
+			}
+		}
+	}
+}
