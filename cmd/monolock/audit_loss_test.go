@@ -117,20 +117,7 @@ func TestAuditFIFOWithoutAReaderSaysWhatTheStartWaitsFor(t *testing.T) {
 // Lines dropped from a full queue count as lost at exit, even when the
 // sink recovers and nothing is left queued: the exit status is 1.
 func TestDroppedAuditLinesCountAsLostAtExit(t *testing.T) {
-	fifo := filepath.Join(t.TempDir(), "audit")
-	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	reader, err := os.OpenFile(fifo, os.O_RDONLY|syscall.O_NONBLOCK, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer reader.Close()
-	var log bytes.Buffer
-	a, err := openAudit(fifo, slog.New(slog.NewTextHandler(&lockedWriter{w: &log}, nil)))
-	if err != nil {
-		t.Fatal(err)
-	}
+	reader, a, _ := auditToAFIFO(t)
 	// The reader reads nothing yet: the pipe fills, then the queue, then
 	// lines are dropped.
 	ev := monolock.Event{Type: monolock.EventGranted, Lock: "l", Time: time.Now(), Token: 1}
@@ -151,20 +138,7 @@ func TestDroppedAuditLinesCountAsLostAtExit(t *testing.T) {
 // too: with no write failed and no line dropped, they alone make the exit
 // status 1, and the log says how many were left.
 func TestAuditLinesStillQueuedAtTheBoundAreLost(t *testing.T) {
-	fifo := filepath.Join(t.TempDir(), "audit")
-	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	reader, err := os.OpenFile(fifo, os.O_RDONLY|syscall.O_NONBLOCK, 0) // never reads
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer reader.Close()
-	var log bytes.Buffer
-	a, err := openAudit(fifo, slog.New(slog.NewTextHandler(&lockedWriter{w: &log}, nil)))
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, a, log := auditToAFIFO(t) // its reader never reads
 	// A line longer than the pipe holds blocks in its write; the second waits.
 	ev := monolock.Event{Type: monolock.EventGranted, Lock: strings.Repeat("x", 1<<20), Time: time.Now(), Token: 1}
 	a.event(ev)
@@ -175,6 +149,28 @@ func TestAuditLinesStillQueuedAtTheBoundAreLost(t *testing.T) {
 	if !strings.Contains(log.String(), "AUDIT LOG LINES LOST AT EXIT") || !strings.Contains(log.String(), "lost=2 write_failed=0 dropped=0 lost_at_exit=2") {
 		t.Fatalf("the lines left in the queue are not said; log:\n%s", log.String())
 	}
+}
+
+// auditToAFIFO opens an audit log on a FIFO whose reader reads nothing
+// until the test says, and returns the reader, the log and what the audit
+// writer logged.
+func auditToAFIFO(t *testing.T) (*os.File, *auditLog, *bytes.Buffer) {
+	t.Helper()
+	fifo := filepath.Join(t.TempDir(), "audit")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	reader, err := os.OpenFile(fifo, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { reader.Close() })
+	log := new(bytes.Buffer)
+	a, err := openAudit(fifo, slog.New(slog.NewTextHandler(&lockedWriter{w: log}, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return reader, a, log
 }
 
 type lockedWriter struct {

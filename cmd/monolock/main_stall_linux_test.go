@@ -22,10 +22,8 @@ func pipeHolds(r *os.File) int {
 	return int(n)
 }
 
-// stalledStderrServer starts the server with a stderr that nobody reads
-// and fills it, with SIGHUPs that each log a line, until a write would
-// block.
-func stalledStderrServer(t *testing.T) (*exec.Cmd, chan error) {
+// smallPipe is a pipe that holds 4 KiB, for a stderr nobody reads.
+func smallPipe(t *testing.T) (r, w *os.File) {
 	t.Helper()
 	r, w, err := os.Pipe()
 	if err != nil {
@@ -36,6 +34,15 @@ func stalledStderrServer(t *testing.T) (*exec.Cmd, chan error) {
 	if _, _, e := syscall.Syscall(syscall.SYS_FCNTL, w.Fd(), fSetPipeSz, 4096); e != 0 {
 		t.Fatalf("F_SETPIPE_SZ: %v", e)
 	}
+	return r, w
+}
+
+// stalledStderrServer starts the server with a stderr that nobody reads
+// and fills it, with SIGHUPs that each log a line, until a write would
+// block.
+func stalledStderrServer(t *testing.T) (*exec.Cmd, chan error) {
+	t.Helper()
+	r, w := smallPipe(t)
 	cmd := exec.Command(binary, "-listen", "127.0.0.1:0")
 	cmd.Stderr = w
 	if err := cmd.Start(); err != nil {
@@ -110,15 +117,7 @@ func TestSignalsEndTheServerWhenStderrIsStalled(t *testing.T) {
 // were: here the debug lines of many sessions that end while nobody reads
 // stderr.
 func TestDroppedDiagnosticLinesAreCounted(t *testing.T) {
-	r, w, err := os.Pipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { r.Close() })
-	const fSetPipeSz = 1031
-	if _, _, e := syscall.Syscall(syscall.SYS_FCNTL, w.Fd(), fSetPipeSz, 4096); e != 0 {
-		t.Fatalf("F_SETPIPE_SZ: %v", e)
-	}
+	r, w := smallPipe(t)
 	cmd := exec.Command(binary, "-listen", "127.0.0.1:0", "-admin-listen", "127.0.0.1:0", "-log-level", "debug")
 	cmd.Stderr = w
 	if err := cmd.Start(); err != nil {
