@@ -156,21 +156,29 @@ func TestAuditLinesStillQueuedAtTheBoundAreLost(t *testing.T) {
 // writer logged.
 func auditToAFIFO(t *testing.T) (*os.File, *auditLog, *bytes.Buffer) {
 	t.Helper()
-	fifo := filepath.Join(t.TempDir(), "audit")
-	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	reader, err := os.OpenFile(fifo, os.O_RDONLY|syscall.O_NONBLOCK, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { reader.Close() })
+	fifo, reader := fifoWithReader(t)
 	log := new(bytes.Buffer)
 	a, err := openAudit(fifo, slog.New(slog.NewTextHandler(&lockedWriter{w: log}, nil)))
 	if err != nil {
 		t.Fatal(err)
 	}
 	return reader, a, log
+}
+
+// fifoWithReader makes a FIFO and opens its reading end, without reading:
+// an open for writing then returns at once, and writes fill the pipe.
+func fifoWithReader(t *testing.T) (path string, reader *os.File) {
+	t.Helper()
+	path = filepath.Join(t.TempDir(), "audit")
+	if err := syscall.Mkfifo(path, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	reader, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { reader.Close() })
+	return path, reader
 }
 
 type lockedWriter struct {

@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"net"
 	"os"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -204,15 +203,7 @@ func TestAuditReaderThatGoesAwayCostsWriteErrors(t *testing.T) {
 // line being written). Long lines fill it long before 10,000 do, and each
 // line that finds it full is dropped and counted.
 func TestStalledAuditSinkQueuesAtMost8MiB(t *testing.T) {
-	fifo := filepath.Join(t.TempDir(), "audit")
-	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	reader, err := os.OpenFile(fifo, os.O_RDONLY|syscall.O_NONBLOCK, 0) // reads nothing yet
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer reader.Close()
+	fifo, reader := fifoWithReader(t) // reads nothing yet
 	a, err := openAudit(fifo, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)

@@ -298,16 +298,8 @@ func TestFlagsAndEnvironment(t *testing.T) {
 // the server idle in a read, and then the shutdown finishes at once.)
 func stalledAudit(t *testing.T) (flags []string, stall func(*server)) {
 	t.Helper()
-	fifo := filepath.Join(t.TempDir(), "audit")
-	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	// Opened before the server, so that its open for writing does not wait.
-	reader, err := os.OpenFile(fifo, os.O_RDONLY|syscall.O_NONBLOCK, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { reader.Close() })
+	// The reader opens first, so that the server's open does not wait.
+	fifo, reader := fifoWithReader(t)
 	const getPipeSize = 1032 // F_GETPIPE_SZ
 	capacity, _, errno := syscall.Syscall(syscall.SYS_FCNTL, reader.Fd(), getPipeSize, 0)
 	if errno != 0 {
