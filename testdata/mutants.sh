@@ -10,7 +10,7 @@
 #   bash testdata/mutants.sh 'token|push'  # those whose name matches the regex
 #   MUTANT_TIMEOUT=5m bash testdata/mutants.sh
 #
-# Not in CI: it takes several minutes. Run it before a release and after a
+# Not in CI: it takes tens of minutes. Run it before a release and after a
 # change to the session lifecycle or to the client's timing. The real tree
 # is never modified.
 #
