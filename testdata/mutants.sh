@@ -654,6 +654,22 @@ mutant stamped-revision-ignored cmd/monolock/version.go 'TestVersionStampedByThe
 mutant diag-drops-uncounted cmd/monolock/diag.go 'TestDroppedDiagnosticLinesAreCounted' ./cmd/monolock \
   $'d.pending.Add(-1)\n\t\td.dropped.Add(1)' \
   'd.pending.Add(-1)'
+# diagnostics: the count of dropped lines never starts again.
+mutant diag-drop-count-not-reset cmd/monolock/diag.go 'TestDroppedDiagnosticLinesAreCounted' ./cmd/monolock \
+  'if n := d.dropped.Swap(0); n > 0 {' \
+  'if n := d.dropped.Load(); n > 0 {'
+# diagnostics: the count says 1 however many were dropped.
+mutant diag-drop-count-always-one cmd/monolock/diag.go 'TestDroppedDiagnosticLinesAreCounted' ./cmd/monolock \
+  $'d.pending.Add(-1)\n\t\td.dropped.Add(1)' \
+  $'d.pending.Add(-1)\n\t\td.dropped.Store(1)'
+# audit: write failures reported by the clock of the drops' reports.
+mutant audit-failures-on-the-drops-clock cmd/monolock/audit.go 'TestAuditReportsAreBoundedAndSayAStall' ./cmd/monolock \
+  'n > r.errors && now.Sub(r.errorsAt) >= auditReportEvery' \
+  'n > r.errors && now.Sub(r.droppedAt) >= auditReportEvery'
+# audit: drops reported by the clock of the failures' reports.
+mutant audit-drops-on-the-failures-clock cmd/monolock/audit.go 'TestAuditReportsAreBoundedAndSayAStall' ./cmd/monolock \
+  'n > r.dropped && now.Sub(r.droppedAt) >= auditReportEvery' \
+  'n > r.dropped && now.Sub(r.errorsAt) >= auditReportEvery'
 # diagnostics: an exit does not wait for the queued lines.
 mutant diag-exit-without-flush cmd/monolock/main.go 'TestAuditLogToStdoutAndWriteFailures|TestEveryLostAuditLineMakesTheExitStatus1' ./cmd/monolock \
   'defer diag.flush(diagFlushBound)' \

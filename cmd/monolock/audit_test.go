@@ -270,4 +270,15 @@ func TestAuditReportsAreBoundedAndSayAStall(t *testing.T) {
 	at(45*time.Second, stalled)
 	a.writeBegan.Store(0) // the write returned
 	at(60 * time.Second)
+	// Each kind keeps a 10 s of its own: failures alone, a drop 3 s
+	// later, then a failure every second, said again 10 s after the first.
+	a.errors.Add(1)
+	at(61*time.Second, failed)
+	a.dropped.Add(1)
+	at(64*time.Second, dropped)
+	for s := 65; s <= 70; s++ {
+		a.errors.Add(1)
+		at(time.Duration(s) * time.Second)
+	}
+	at(71*time.Second, failed)
 }

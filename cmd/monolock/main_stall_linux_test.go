@@ -173,11 +173,29 @@ func TestDroppedDiagnosticLinesAreCounted(t *testing.T) {
 	}()
 	select {
 	case line := <-found:
+		// Of the 1,500 lines, 1,024 queue and one is being written; the
+		// 4 KiB pipe holds a few dozen: about 440 are dropped.
 		var n int
-		if _, err := fmt.Sscanf(line, "monolock: %d diagnostic lines dropped", &n); err != nil || n <= 0 {
-			t.Fatalf("stderr ended without saying how many lines were dropped (its last line: %q)", line)
+		if _, err := fmt.Sscanf(line, "monolock: %d diagnostic lines dropped", &n); err != nil || n < 300 || n > sessions-1024 {
+			t.Fatalf("stderr says %q; want how many lines were dropped, between 300 and %d", line, sessions-1024)
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("no line on stderr says how many were dropped, 10s after it was read again")
+	}
+	// The count starts again: one more session's line comes alone.
+	c, _ := dial(t, addr, "after")
+	c.Close()
+	r.SetReadDeadline(time.Now().Add(10 * time.Second))
+	for {
+		line, err := lines.ReadString('\n')
+		if strings.Contains(line, "diagnostic lines dropped") {
+			t.Fatalf("a second count of dropped lines, with nothing dropped since: %q", line)
+		}
+		if strings.Contains(line, "lock=after") {
+			break
+		}
+		if err != nil {
+			t.Fatalf("no line for the session after the drops within 10s (%v)", err)
+		}
 	}
 }
