@@ -524,6 +524,14 @@ mutant release-answer-without-name cmd/monolock/ops.go 'TestAdminAPI$' ./cmd/mon
 mutant cross-origin-refusal-not-json cmd/monolock/admin_guard.go 'TestAdminRefusesCrossOriginAndForeignHosts' ./cmd/monolock \
   'cop.SetDenyHandler(' \
   '_ = ('
+# A 200 with no list of locks (another JSON service) printed as an empty table.
+mutant locks-no-list-as-empty-table cmd/monolock/locks.go 'TestLocksMatchesAndSaysWhatTheAdminAPIRefused' ./cmd/monolock \
+  'if body.Locks == nil {' \
+  'if false {'
+# The admin API's reason printed raw to the terminal.
+mutant locks-reason-not-escaped cmd/monolock/locks.go 'TestLocksMatchesAndSaysWhatTheAdminAPIRefused' ./cmd/monolock \
+  'printable(resp.Status), printable(body.Error))' \
+  'printable(resp.Status), body.Error)'
 # monolock locks -match ignored: every lock is listed.
 mutant locks-match-ignored cmd/monolock/locks.go 'TestLocksMatchesAndSaysWhatTheAdminAPIRefused' ./cmd/monolock \
   'if *match != "" {' \

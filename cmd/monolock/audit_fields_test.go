@@ -23,9 +23,7 @@ import (
 func TestAuditLinesFieldByField(t *testing.T) {
 	setup := newTLSSetup(t, `{"rules":[{"identity":"spiffe://prod/a","locks":["audit-*"]}]}`)
 	audit := filepath.Join(setup.dir, "audit.log")
-	// In a zone east of UTC: on a machine whose own zone is UTC, a time
-	// written in local time would still end in Z.
-	s := start(t, []string{"TZ=Asia/Tokyo"}, append(setup.flags(), "-audit-log", audit, "-admin-listen", "127.0.0.1:0")...)
+	s := start(t, eastOfUTC(t), append(setup.flags(), "-audit-log", audit, "-admin-listen", "127.0.0.1:0")...)
 	const identity = "spiffe://prod/a"
 	cfg := setup.clientConfig(t, setup.clientCA, leafOpts{cn: "a", uris: []string{identity}})
 	begin := time.Now()

@@ -53,11 +53,15 @@ func locksMain(args []string, stdout, stderr io.Writer) int {
 		Locks []lockJSON `json:"locks"`
 		Error string     `json:"error"`
 	}
+	// The status and the reason are text of whatever answers at -admin.
 	if err := json.NewDecoder(resp.Body).Decode(&body); err != nil {
-		return fail("%s answered %s, not the admin API's JSON: %v", *admin, resp.Status, err)
+		return fail("%s answered %s, not the admin API's JSON: %v", *admin, printable(resp.Status), err)
 	}
 	if resp.StatusCode != http.StatusOK {
-		return fail("%s: %s", resp.Status, body.Error)
+		return fail("%s: %s", printable(resp.Status), printable(body.Error))
+	}
+	if body.Locks == nil { // the API's list is never null: another JSON service
+		return fail("%s answered %s with no list of locks: not the admin API", *admin, printable(resp.Status))
 	}
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "NAME\tHOLDER\tHELD FOR\tTOKEN\tWAITERS")

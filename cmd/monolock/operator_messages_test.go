@@ -171,9 +171,10 @@ func TestLocksTableNamesHoldersFromTheAdminAPIOfTheEnvironment(t *testing.T) {
 }
 
 // monolock locks -match shows only the locks its glob matches, and an
-// answer of the admin API other than 200 is an error (exit 1, with the
-// status and the API's reason), never an empty table: an operator whose
-// -admin names a host the API refuses must not read "no locks".
+// answer that is not a 200 with a list of locks is an error (exit 1, with
+// the status and the API's reason, escaped), never an empty table: an
+// operator whose -admin names a host the API refuses, or another JSON
+// service, must not read "no locks".
 func TestLocksMatchesAndSaysWhatTheAdminAPIRefused(t *testing.T) {
 	s := start(t, nil, "-admin-listen", "127.0.0.1:0")
 	rawAcquire(t, s.addr, "nightly/import", time.Minute)
@@ -190,6 +191,10 @@ func TestLocksMatchesAndSaysWhatTheAdminAPIRefused(t *testing.T) {
 	}{
 		{http.StatusForbidden, `{"error":"forbidden: Host \"admin.example:7071\" is not this server's"}`, []string{"403 Forbidden", `forbidden: Host "admin.example:7071"`}},
 		{http.StatusBadGateway, `<html>bad gateway</html>`, []string{"502 Bad Gateway", "not the admin API's JSON"}},
+		{http.StatusOK, `{"status":"ok"}`, []string{"200 OK", "no list of locks"}},
+		{http.StatusOK, `{"locks":null}`, []string{"200 OK", "no list of locks"}},
+		// What answers at -admin chose this text: it reaches the terminal escaped.
+		{http.StatusForbidden, `{"error":"\u001b]0;pwned\u0007\u001b[2Jreason"}`, []string{"403 Forbidden", `"\x1b]0;pwned\a\x1b[2Jreason"`}},
 	} {
 		fake := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			w.WriteHeader(tc.status)
@@ -197,7 +202,7 @@ func TestLocksMatchesAndSaysWhatTheAdminAPIRefused(t *testing.T) {
 		}))
 		code, stdout, stderr := runBinary(t, nil, "locks", "-admin", fake.Listener.Addr().String())
 		fake.Close()
-		if code != 1 || stdout != "" || strings.Count(stderr, "\n") != 1 {
+		if code != 1 || stdout != "" || strings.Count(stderr, "\n") != 1 || strings.ContainsAny(stderr, "\x1b\a") {
 			t.Errorf("admin API answering %d: exit %d, stdout %q, stderr %q; want exit 1, no table, one line", tc.status, code, stdout, stderr)
 		}
 		for _, w := range tc.want {
