@@ -764,7 +764,7 @@ func raiseFileLimit() uint64 {
 	l.Cur = l.Max
 	syscall.Setrlimit(syscall.RLIMIT_NOFILE, &l)
 	syscall.Getrlimit(syscall.RLIMIT_NOFILE, &l)
-	return l.Cur
+	return uint64(l.Cur) // int64 on the BSDs
 }
 
 const clockTicks = 100 // USER_HZ on Linux

@@ -132,7 +132,7 @@ func readProcessStats() processStats {
 	}
 	var lim syscall.Rlimit
 	if syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim) == nil {
-		p.maxFDs, p.hasMax = lim.Cur, true
+		p.maxFDs, p.hasMax = uint64(lim.Cur), true // int64 on the BSDs
 	}
 	var ru syscall.Rusage
 	if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) == nil {
