@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"regexp"
 	"strings"
 	"syscall"
 	"testing"
@@ -129,19 +128,15 @@ func TestDroppedDiagnosticLinesAreCounted(t *testing.T) {
 
 	// Read up to the "serving" line, for the addresses; then nobody reads.
 	lines := bufio.NewReader(r)
-	addrRE := regexp.MustCompile(`msg="?serving( admin HTTP)?"? listen=([0-9.:]+)`)
-	var addr, admin string
-	for addr == "" {
+	var s server
+	for s.addr == "" {
 		line, err := lines.ReadString('\n')
 		if err != nil {
 			t.Fatalf("the server never said where it listens: %v", err)
 		}
-		if m := addrRE.FindStringSubmatch(line); m != nil && m[1] != "" {
-			admin = m[2]
-		} else if m != nil {
-			addr = m[2]
-		}
+		s.noteAddress(line)
 	}
+	addr, admin := s.addr, s.admin
 	silent.Stop()
 	sessions := 1500 // each logs "session ended" as it ends: more than the queue and the pipe hold
 	for i := range sessions {

@@ -73,6 +73,22 @@ func (s *server) takeLog(text string) bool {
 	return true
 }
 
+// servingRE matches the text and the JSON forms of the "serving" lines.
+var servingRE = regexp.MustCompile(`msg"?[=:]"?(serving|"serving (ops|admin) HTTP")"?,? ?"?listen"?[=:]"?([0-9.:]+)`)
+
+// noteAddress keeps the address a "serving" line of the server gives.
+func (s *server) noteAddress(line string) {
+	switch m := servingRE.FindStringSubmatch(line); {
+	case m == nil:
+	case m[2] == "ops":
+		s.ops = m[3]
+	case m[2] == "admin":
+		s.admin = m[3]
+	default:
+		s.addr = m[3]
+	}
+}
+
 func start(t testing.TB, env []string, args ...string) *server {
 	t.Helper()
 	return startWithStdout(t, nil, env, args...)
@@ -102,25 +118,11 @@ func startExe(t testing.TB, exe string, stdout *os.File, env []string, args ...s
 	}
 	s := &server{cmd: cmd, done: make(chan error, 1)}
 	lines := bufio.NewScanner(pipe)
-	// The text and the JSON forms of the "serving" lines.
-	addrRE := regexp.MustCompile(`msg"?[=:]"?(serving|"serving (ops|admin) HTTP")"?,? ?"?listen"?[=:]"?([0-9.:]+)`)
 	silent := killAfter(cmd)
 	defer silent.Stop()
-	for lines.Scan() {
+	for s.addr == "" && lines.Scan() {
 		s.stderr.WriteString(lines.Text() + "\n")
-		m := addrRE.FindStringSubmatch(lines.Text())
-		switch {
-		case m == nil:
-		case m[2] == "ops":
-			s.ops = m[3]
-		case m[2] == "admin":
-			s.admin = m[3]
-		default:
-			s.addr = m[3]
-		}
-		if s.addr != "" {
-			break
-		}
+		s.noteAddress(lines.Text())
 	}
 	if s.addr == "" {
 		cmd.Process.Kill()
