@@ -20,6 +20,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 )
 
@@ -99,7 +100,18 @@ func startServerWatched(t testing.TB, srv *Server) *watchedListener {
 	return w
 }
 
+// serveOn serves srv on l until the test ends, then shuts it down; but
+// for a benchmark, it checks the server's invariants every millisecond
+// meanwhile, and that Shutdown left no connection open.
 func serveOn(t testing.TB, srv *Server, l net.Listener) string {
+	if _, bench := t.(*testing.B); !bench {
+		stop := watchInvariants(srv, time.Millisecond, false)
+		t.Cleanup(func() { // after Shutdown's
+			if err := stop(); err != nil {
+				t.Errorf("the server's invariants: %v", err)
+			}
+		})
+	}
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(l) }()
 	t.Cleanup(func() {
@@ -107,6 +119,8 @@ func serveOn(t testing.TB, srv *Server, l net.Listener) string {
 		defer cancel()
 		if err := srv.Shutdown(ctx); err != nil {
 			t.Errorf("shutdown: %v", err)
+		} else if st := srv.Stats(); st.Connections != 0 {
+			t.Errorf("Shutdown returned with %d connections open", st.Connections)
 		}
 		select {
 		case err := <-served:
@@ -971,4 +985,134 @@ func (h *blockingHandler) Handle(_ context.Context, r slog.Record) error {
 		<-h.release
 	}
 	return nil
+}
+
+// invariantsLocked checks, with srv.mu held, what must hold between any
+// two of the server's critical sections (server.go's rules and the
+// comments of its types): every lock has a holder or a waiter; a holder
+// holds under a token given; waiters wait, unpromoted, in the order they
+// joined; a session is in the table exactly while it waits or holds, and
+// is counted until its connection is closed; a session not ending has
+// nothing dropped and nothing final, and whatever was decided for it has
+// a writer; each grant is released once. With quiet, when every goroutine
+// of the server waits (in a synctest bubble, after synctest.Wait), also:
+// an ending session has a writer at work (else nobody would close it), no
+// live session is past its lease, and OnEvent has been told everything.
+func (srv *Server) invariantsLocked(quiet bool) error {
+	if srv.locks == nil {
+		return nil // not yet serving
+	}
+	holders, waiters, tokens := 0, 0, map[uint64]bool{}
+	for name, l := range srv.locks {
+		if l.holder == nil && l.waiters.Len() == 0 {
+			return fmt.Errorf("lock %q has neither holder nor waiter", name)
+		}
+		if h := l.holder; h != nil {
+			holders++
+			switch _, counted := srv.sessions[h]; {
+			case h.phase != phaseHolding || h.lock != l || h.elem != nil || h.name != name || !counted:
+				return fmt.Errorf("holder of %q: %s", name, h.dump(counted))
+			case h.token == 0 || h.token > srv.lastToken || tokens[h.token]:
+				return fmt.Errorf("holder of %q: token %d, last given %d, or another holder's", name, h.token, srv.lastToken)
+			}
+			tokens[h.token] = true
+		}
+		var joined time.Time
+		for e := l.waiters.Front(); e != nil; e = e.Next() {
+			waiters++
+			s := e.Value.(*session)
+			switch _, counted := srv.sessions[s]; {
+			case s.phase != phaseWaiting || s.lock != l || s.elem != e || s.name != name || s.token != 0 || s.owedAcquired != 0 || !counted:
+				return fmt.Errorf("waiter of %q: %s", name, s.dump(counted))
+			case s.since.Before(joined):
+				return fmt.Errorf("waiter of %q queued at %v behind one queued at %v", name, s.since, joined)
+			}
+			joined = s.since
+		}
+	}
+	for s := range srv.sessions {
+		live := s.phase == phaseWaiting || s.phase == phaseHolding
+		owed := s.owedWaiting+s.owedAcquired > 0
+		var bad string
+		switch {
+		case s.phase == phaseClosed:
+			bad = "closed but still counted"
+		case live && (s.lock == nil || srv.locks[s.name] != s.lock || (s.lock.holder == s) != (s.phase == phaseHolding)):
+			bad = "waiting or holding but not in the table as such"
+		case !live && (s.lock != nil || s.elem != nil):
+			bad = "neither waiting nor holding but in the table"
+		case s.phase < phaseEnding && (s.stopped.Load() || s.final != nil):
+			bad = "not ending but dropped or given a final ERROR"
+		case s.phase < phaseWaiting && owed:
+			bad = "owed answers before it joined"
+		case s.phase < phaseEnding && owed && !s.writing:
+			bad = "owed answers that no writer will write"
+		case srv.closing.Load() && s.phase < phaseEnding:
+			bad = "not ending after Shutdown or Close began"
+		case quiet && s.phase == phaseEnding && !s.writing:
+			bad = "ending with nobody at work to close it"
+		case quiet && live && time.Since(s.seen) >= s.lease:
+			bad = fmt.Sprintf("silent for %v, past its lease", time.Since(s.seen))
+		}
+		if bad != "" {
+			return fmt.Errorf("session %s: %s: %s", s.remote, bad, s.dump(true))
+		}
+	}
+	var released uint64
+	for _, n := range srv.counts.Releases {
+		released += n
+	}
+	switch c := srv.counts; {
+	case c.Grants != released+uint64(holders):
+		return fmt.Errorf("%d grants, %d releases and %d holders", c.Grants, released, holders)
+	case c.Acquires < c.Grants+uint64(waiters):
+		return fmt.Errorf("%d acquires, fewer than %d grants and %d waiters", c.Acquires, c.Grants, waiters)
+	case srv.closing.Load() && len(srv.locks) > 0:
+		return fmt.Errorf("%d locks in the table after Shutdown or Close began", len(srv.locks))
+	case len(srv.events) > 0 && !srv.delivering, quiet && (srv.delivering || len(srv.events) > 0):
+		return fmt.Errorf("%d events undelivered, delivering %v", len(srv.events), srv.delivering)
+	}
+	return nil
+}
+
+func (s *session) dump(counted bool) string {
+	return fmt.Sprintf("phase %d, lock %p, elem %p, name %q, token %d, owed %d+%d, final %v, writing %v, stopped %v, counted %v",
+		s.phase, s.lock, s.elem, s.name, s.token, s.owedWaiting, s.owedAcquired, s.final, s.writing, s.stopped.Load(), counted)
+}
+
+// watchInvariants checks srv.invariantsLocked at every tick of every until
+// the returned stop is called, and once more then; stop returns the first
+// violation seen, or nil. With quiet, it runs in a synctest bubble and at
+// each tick checks again, with quiet, once every other goroutine waits: it
+// must be the bubble's only caller of synctest.Wait.
+func watchInvariants(srv *Server, every time.Duration, quiet bool) (stop func() error) {
+	done, result := make(chan struct{}), make(chan error, 1)
+	go func() {
+		tick := time.NewTicker(every)
+		defer tick.Stop()
+		var first error
+		check := func(quiet bool) {
+			srv.mu.Lock()
+			err := srv.invariantsLocked(quiet)
+			srv.mu.Unlock()
+			if first == nil && err != nil {
+				first = fmt.Errorf("at %v: %w", time.Now().Format("15:04:05.000000"), err)
+			}
+		}
+		for {
+			select {
+			case <-done:
+				check(false)
+				result <- first
+				return
+			case <-tick.C:
+			}
+			check(false) // between whatever else runs at this instant
+			if quiet {
+				synctest.Wait()
+				check(true)
+			}
+		}
+	}()
+	return func() error { close(done); return <-result }
 }

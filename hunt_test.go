@@ -2,6 +2,7 @@ package monolock
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -115,6 +116,7 @@ func TestRaceHuntOverTCP(t *testing.T) {
 	l := &probeListener{Listener: ln}
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(l) }()
+	watch := watchInvariants(srv, time.Millisecond, false)
 	t.Cleanup(func() { srv.Close() }) // after a Fatal
 
 	// The clients' receive buffers are set before the connect: set after
@@ -167,6 +169,9 @@ func TestRaceHuntOverTCP(t *testing.T) {
 	}
 	close(over)
 	awaitFunc(t, "the clients' end after the shutdown", wg.Wait)
+	if err := watch(); err != nil {
+		t.Errorf("seed %d: the server's invariants: %v", seed, err)
+	}
 	select {
 	case err := <-served:
 		if err != ErrServerClosed {
@@ -327,6 +332,7 @@ func (c huntConfig) bubble() error {
 	l := newProbeNet(nil)
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(l) }()
+	watch := watchInvariants(srv, 10*time.Millisecond, true)
 	start := time.Now()
 
 	clients := make([]*huntClient, c.clients)
@@ -352,8 +358,8 @@ func (c huntConfig) bubble() error {
 		shutdown = admin.run(c.chaos, func() time.Duration { return tick(chaos, lease) }, shutdownAt, time.Minute) // a fake minute: it hangs
 	}()
 	wg.Wait()
-	if shutdown != nil {
-		return shutdown
+	if err := cmp.Or(watch(), shutdown); err != nil {
+		return err
 	}
 	if err := <-served; err != ErrServerClosed {
 		return fmt.Errorf("Serve returned %v", err)
@@ -459,10 +465,19 @@ type huntStop struct {
 // ending on its own is out of the table from the moment the server
 // decides its bad byte, which is not observable here, only through the
 // stream's grammar: TestPromotionSkipsEndingWaiter holds that moment.)
+// And the grants of each lock are in the order their sessions joined (its
+// grant's time less its wait), as strict FIFO promises; in fake time,
+// where no clock moves inside a critical section, exactly.
 func checkGrants(events []Event, clients []*huntClient, lease time.Duration, start time.Time) error {
+	queued := map[string]time.Time{} // by lock: when the last one granted joined
 	for i, ev := range events {
 		if ev.Type != EventGranted {
 			continue
+		}
+		if joined := ev.Time.Add(-ev.Wait); joined.Before(queued[ev.Lock]) {
+			return fmt.Errorf("event %d: %s granted %q, queued at %v, after one queued at %v", i, ev.RemoteAddr, ev.Lock, joined.Sub(start), queued[ev.Lock].Sub(start))
+		} else {
+			queued[ev.Lock] = joined
 		}
 		hc := byName(clients, ev.RemoteAddr)
 		var seen time.Time // the last valid request read at or before the grant
@@ -847,6 +862,7 @@ func huntDoClients(seed uint64, realTime bool) (st huntStats, bad string) {
 	}()
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(l) }()
+	watch := watchInvariants(srv, 10*time.Millisecond, !realTime)
 
 	start := time.Now()
 	end := start.Add(length)
@@ -916,8 +932,11 @@ func huntDoClients(seed uint64, realTime bool) (st huntStats, bad string) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if err := srv.Shutdown(ctx); err != nil {
-		return st, fmt.Sprintf("Shutdown: %v", err)
+	switch shutdown, invariants := srv.Shutdown(ctx), watch(); {
+	case shutdown != nil:
+		return st, fmt.Sprintf("Shutdown: %v", shutdown)
+	case invariants != nil:
+		return st, fmt.Sprintf("the server's invariants: %v", invariants)
 	}
 	wg.Wait()
 	if err := <-served; !errors.Is(err, ErrServerClosed) {
