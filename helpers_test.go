@@ -105,12 +105,7 @@ func startServerWatched(t testing.TB, srv *Server) *watchedListener {
 // meanwhile, and that Shutdown left no connection open.
 func serveOn(t testing.TB, srv *Server, l net.Listener) string {
 	if _, bench := t.(*testing.B); !bench {
-		stop := watchInvariants(srv, time.Millisecond, false)
-		t.Cleanup(func() { // after Shutdown's
-			if err := stop(); err != nil {
-				t.Errorf("the server's invariants: %v", err)
-			}
-		})
+		watchServer(t, srv) // its cleanup after Shutdown's
 	}
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(l) }()
@@ -589,6 +584,7 @@ func newPipeListener() *pipeListener {
 // servePipe serves srv on a new pipeListener, and closes srv when the test ends.
 func servePipe(t *testing.T, srv *Server) *pipeListener {
 	l := newPipeListener()
+	watchServer(t, srv) // its cleanup after Close's
 	go srv.Serve(l)
 	t.Cleanup(func() { srv.Close() })
 	return l
@@ -695,6 +691,7 @@ func newStepListener() *stepListener { return &stepListener{pipeListener: newPip
 // serveStep is servePipe on a stepListener.
 func serveStep(t *testing.T, srv *Server) *stepListener {
 	l := newStepListener()
+	watchServer(t, srv) // its cleanup after Close's
 	go srv.Serve(l)
 	t.Cleanup(func() { srv.Close() })
 	return l
@@ -1078,6 +1075,18 @@ func (srv *Server) invariantsLocked(quiet bool) error {
 func (s *session) dump(counted bool) string {
 	return fmt.Sprintf("phase %d, lock %p, elem %p, name %q, token %d, owed %d+%d, final %v, writing %v, stopped %v, counted %v",
 		s.phase, s.lock, s.elem, s.name, s.token, s.owedWaiting, s.owedAcquired, s.final, s.writing, s.stopped.Load(), counted)
+}
+
+// watchServer checks srv's invariants every millisecond until the test
+// ends, for a test that serves it: its cleanup, which reports what it saw,
+// runs after those registered later.
+func watchServer(t testing.TB, srv *Server) {
+	stop := watchInvariants(srv, time.Millisecond, false)
+	t.Cleanup(func() {
+		if err := stop(); err != nil {
+			t.Errorf("the server's invariants: %v", err)
+		}
+	})
 }
 
 // watchInvariants checks srv.invariantsLocked at every tick of every until
