@@ -4,13 +4,21 @@ import (
 	"bytes"
 	"cmp"
 	"context"
+	"crypto/aes"
+	"crypto/cipher"
 	"crypto/ecdsa"
 	"crypto/elliptic"
+	"crypto/hkdf"
 	"crypto/rand"
+	"crypto/sha256"
+	"crypto/sha512"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/binary"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"hash"
 	"io"
 	"log/slog"
 	"math/big"
@@ -1124,4 +1132,79 @@ func watchInvariants(srv *Server, every time.Duration, quiet bool) (stop func() 
 		}
 	}()
 	return func() error { close(done); return <-result }
+}
+
+// tls13Sender encrypts records of a TLS 1.3 client by hand (AES-GCM
+// suites), from its traffic secret, so that a test can send what
+// crypto/tls's client never sends on its own: a KeyUpdate (RFC 8446
+// §4.6.3), which either side may send at any time.
+type tls13Sender struct {
+	newHash func() hash.Hash
+	keyLen  int
+	secret  []byte
+	aead    cipher.AEAD
+	iv      []byte
+	seq     uint64
+}
+
+// newTLS13Sender takes the client's traffic secret from the key log of a
+// handshake c has completed; nil if c's suite is not AES-GCM.
+func newTLS13Sender(t *testing.T, c *tls.Conn, keylog string) *tls13Sender {
+	s := &tls13Sender{}
+	switch c.ConnectionState().CipherSuite {
+	case tls.TLS_AES_128_GCM_SHA256:
+		s.newHash, s.keyLen = sha256.New, 16
+	case tls.TLS_AES_256_GCM_SHA384:
+		s.newHash, s.keyLen = sha512.New384, 32
+	default:
+		return nil
+	}
+	for line := range strings.Lines(keylog) {
+		if f := strings.Fields(line); len(f) == 3 && f[0] == "CLIENT_TRAFFIC_SECRET_0" {
+			secret, err := hex.DecodeString(f[2])
+			if err != nil {
+				t.Fatal(err)
+			}
+			s.setSecret(secret)
+			return s
+		}
+	}
+	t.Fatal("no client traffic secret in the key log")
+	return nil
+}
+
+func (s *tls13Sender) expand(secret []byte, label string, n int) []byte {
+	full := "tls13 " + label
+	info := append([]byte{byte(n >> 8), byte(n), byte(len(full))}, full...)
+	out, err := hkdf.Expand(s.newHash, secret, string(append(info, 0)), n)
+	if err != nil {
+		panic(err)
+	}
+	return out
+}
+
+func (s *tls13Sender) setSecret(secret []byte) {
+	block, err := aes.NewCipher(s.expand(secret, "key", s.keyLen))
+	if err != nil {
+		panic(err)
+	}
+	s.secret, s.iv, s.seq = secret, s.expand(secret, "iv", 12), 0
+	s.aead, _ = cipher.NewGCM(block)
+}
+
+// updateKeys moves to the next traffic secret, as after sending a KeyUpdate.
+func (s *tls13Sender) updateKeys() {
+	s.setSecret(s.expand(s.secret, "traffic upd", s.newHash().Size()))
+}
+
+// record seals msg as the next record of the given content type.
+func (s *tls13Sender) record(contentType byte, msg []byte) []byte {
+	nonce := bytes.Clone(s.iv)
+	for i := range 8 {
+		nonce[4+i] ^= byte(s.seq >> (56 - 8*i))
+	}
+	s.seq++
+	hdr := []byte{0x17, 0x03, 0x03, 0, 0} // application_data, TLS 1.2 on the wire
+	binary.BigEndian.PutUint16(hdr[3:], uint16(len(msg)+1+s.aead.Overhead()))
+	return s.aead.Seal(hdr, nonce, append(bytes.Clone(msg), contentType), hdr)
 }

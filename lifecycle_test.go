@@ -3266,6 +3266,53 @@ func TestPushBegunAtALeaseEndIsCut(t *testing.T) {
 	})
 }
 
+// TestPushBegunAtALeaseEndIsCut over TLS, where a cut cannot be undone: with
+// no ERROR to follow an end by the lease, nothing is lost by cutting, and
+// W gets nothing after its end. H holds, W (lease 1s, over TLS) and X wait;
+// H leaves, W is promoted, and its push's write, past its check of
+// stopped, waits just before its first raw byte until W's lease has ended
+// it and X holds the lock. (Found by the eleventh review: over TLS the end
+// set no cut, and W received ACQUIRED after X's grant.)
+func TestPushBegunAtALeaseEndIsCutTLS(t *testing.T) {
+	srv := &Server{IOTimeout: 2 * time.Second}
+	l := servePipe(t, srv)
+	h := l.dial("H")
+	defer h.Close()
+	sendAcquire(t, h, "x", time.Minute)
+	mustRead(t, h, TypeAcquired)
+
+	client, server := net.Pipe()
+	hc := &writeHookConn{Conn: server, remote: "W"}
+	w := tls.Client(client, &tls.Config{InsecureSkipVerify: true})
+	defer w.Close()
+	go func() { l.conns <- tls.Server(hc, &tls.Config{Certificates: []tls.Certificate{selfSigned(t)}}) }()
+	sendAcquire(t, w, "x", time.Second)
+	mustRead(t, w, TypeWaiting)
+	x := l.dial("X")
+	defer x.Close()
+	sendAcquire(t, x, "x", time.Minute)
+	mustRead(t, x, TypeWaiting)
+
+	var armed, held atomic.Bool
+	hc.beforeWrite = func([]byte) {
+		if !armed.Load() || !held.CompareAndSwap(false, true) {
+			return
+		}
+		for end := time.Now().Add(wait); holderOf(srv, "x") != "X" && time.Now().Before(end); {
+			time.Sleep(time.Millisecond) // the scheduler may hold a writer here as long
+		}
+	}
+	time.Sleep(100 * time.Millisecond) // W's goroutine has written WAITING and reads
+	armed.Store(true)
+	frames := collectFrames(w)
+	h.Close()
+	xToken := mustRead(t, x, TypeAcquired).Token
+	if got := <-frames; !held.Load() || len(got) != 0 {
+		t.Errorf("W, ended by its lease before its push's first byte, received %s after X's grant of %d (push held: %v); want nothing; raw writes %q",
+			showFrames(got), xToken, held.Load(), hc.writes())
+	}
+}
+
 // pushAtALeaseEnd promotes W (lease 1s) by H's close, with X queued after
 // it; hook holds W's push writer (where) until W's lease has ended it and
 // X holds the lock, and marks the log then: nothing may be written to W

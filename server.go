@@ -646,21 +646,21 @@ func (srv *Server) endLocked(s *session, why error) {
 // failed write, a promoter.
 func (srv *Server) stopLocked(s *session, why error) {
 	if s.phase < phaseEnding {
-		s.dropLocked()
 		srv.endLocked(s, why)
+		s.dropLocked() // after endLocked, which decides whether an ERROR follows
 	}
 }
 
 // dropLocked drops what s was owed and not yet taken, and keeps a write
 // taken before from beginning (rule 5): the writer checks stopped after
 // setting its deadline, and the past deadline set here fails a write that
-// passed the check before its first byte. Not over TLS, which keeps a
-// write error for good and would lose the final ERROR: there a write that
+// passed the check before its first byte. Over TLS, which keeps a write
+// error for good, not when a final ERROR is to follow: there a write that
 // passed its check an instant before may still begin.
 func (s *session) dropLocked() {
 	s.owedWaiting, s.owedAcquired = 0, 0
 	s.stopped.Store(true)
-	if _, isTLS := s.conn.(*tls.Conn); s.writing && !isTLS {
+	if _, isTLS := s.conn.(*tls.Conn); s.writing && (!isTLS || s.final == nil) {
 		s.conn.SetWriteDeadline(time.Unix(1, 0))
 	}
 }
@@ -741,6 +741,9 @@ func (s *session) drainLocked(own bool) {
 			if closing {
 				s.phase = phaseClosed
 				delete(srv.sessions, s)
+			} else if _, isTLS := s.conn.(*tls.Conn); isTLS && (s.phase == phaseWaiting || s.phase == phaseHolding) {
+				// A read may write (a TLS 1.3 KeyUpdate's answer): as long as the read waits.
+				s.conn.SetWriteDeadline(s.seen.Add(s.lease))
 			}
 			srv.mu.Unlock()
 			if closing {

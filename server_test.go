@@ -620,6 +620,57 @@ func TestAuthorizeHook(t *testing.T) {
 	}
 }
 
+// A TLS 1.3 client may send a KeyUpdate at any time (RFC 8446 §4.6.3), and
+// one that asks for an update has the server answer with its own, written
+// from inside the server's read. A holder silent for longer than the
+// io-timeout since the server last wrote to it (any lease above four
+// io-timeouts) sends one and then a HEARTBEAT: it must get its ACQUIRED,
+// as one that sends it soon after. (Found by the eleventh review: the
+// answer met the last write's deadline, long past, and the session ended.)
+// Go's client never sends a KeyUpdate: the test encrypts by hand.
+func TestTLS13KeyUpdateKeepsTheSession(t *testing.T) {
+	const ioTimeout = 300 * time.Millisecond
+	for _, idle := range []time.Duration{50 * time.Millisecond, 4 * ioTimeout} {
+		srv := &Server{IOTimeout: ioTimeout}
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		addr := serveOn(t, srv, tls.NewListener(l, &tls.Config{Certificates: []tls.Certificate{selfSigned(t)}}))
+		raw, err := net.DialTimeout("tcp", addr, wait)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer raw.Close()
+		var keylog bytes.Buffer
+		c := tls.Client(raw, &tls.Config{InsecureSkipVerify: true, MinVersion: tls.VersionTLS13, KeyLogWriter: &keylog})
+		c.SetDeadline(time.Now().Add(wait))
+		if err := c.Handshake(); err != nil {
+			t.Fatal(err)
+		}
+		s := newTLS13Sender(t, c, keylog.String())
+		if s == nil {
+			t.Skipf("cipher suite %s: the test encrypts with AES-GCM only", tls.CipherSuiteName(c.ConnectionState().CipherSuite))
+		}
+		sendAcquire(t, c, "x", time.Minute)
+		s.seq = 1 // the ACQUIRE was the first record
+		token := mustRead(t, c, TypeAcquired).Token
+
+		time.Sleep(idle)
+		if _, err := raw.Write(s.record(22, []byte{24, 0, 0, 1, 1})); err != nil { // KeyUpdate, update_requested
+			t.Fatal(err)
+		}
+		s.updateKeys()
+		if _, err := raw.Write(s.record(23, []byte{TypeHeartbeat})); err != nil {
+			t.Fatal(err)
+		}
+		if f, err := ReadFrame(c); err != nil || f.Type != TypeAcquired || f.Token != token {
+			t.Errorf("a KeyUpdate %v after the server's last write, then a HEARTBEAT: got %+v, %v; want ACQUIRED(%d); releases %v",
+				idle, f, err, token, srv.Stats().Releases)
+		}
+	}
+}
+
 // A TLS client that never finishes its handshake is cut at the io-timeout,
 // and counted.
 func TestTLSHandshakeIsBounded(t *testing.T) {

@@ -161,8 +161,23 @@ mutant drain-checks-stop-before-deadline server.go 'TestNoHeartbeatReplyAfterFor
   $'late := s.stopped.Load() && !stopped\n\t\ts.conn.SetWriteDeadline(due)'
 # dropLocked: no past write deadline for a write already taken.
 mutant drop-does-not-cut server.go 'TestForceReleaseJustBeforeAWritePlain|TestPushBegunAtALeaseEndIsCut|TestShutdownCutsABlockedReply' . \
-  's.writing && !isTLS {' \
-  'false && s.writing && !isTLS {'
+  's.writing && (!isTLS || s.final == nil) {' \
+  'false && s.writing && (!isTLS || s.final == nil) {'
+# dropLocked: no cut over TLS even with no ERROR to follow: a push taken
+# before a lease end is written after the next grant (the eleventh review).
+mutant tls-lease-end-not-cut server.go 'TestPushBegunAtALeaseEndIsCutTLS' . \
+  's.writing && (!isTLS || s.final == nil) {' \
+  's.writing && !isTLS {'
+# stopLocked drops before endLocked has decided the final ERROR: over TLS
+# the cut then breaks the connection and the ERROR 0x02 or 0x01 is lost.
+mutant tls-cut-before-the-final-error server.go 'TestForceReleaseJustBeforeAWriteTLS|TestShutdownOverTLSReturnsAtTheIOTimeout' . \
+  $'\t\tsrv.endLocked(s, why)\n\t\ts.dropLocked()' \
+  $'\t\ts.dropLocked()\n\t\tsrv.endLocked(s, why)'
+# drainLocked: over TLS the write deadline stays the last write's, and a
+# read that must answer a TLS 1.3 KeyUpdate fails on an idle holder.
+mutant tls-read-meets-a-stale-write-deadline server.go 'TestTLS13KeyUpdateKeepsTheSession' . \
+  's.conn.SetWriteDeadline(s.seen.Add(s.lease))' \
+  '_ = s.seen'
 # drainLocked: a write cut before its first byte loses the final ERROR it
 # carried; or a write that timed out at its own deadline is taken for a cut
 # (the session lives on).
