@@ -729,6 +729,7 @@ type probeConn struct {
 	writes atomic.Int64 // Write calls begun
 	failed atomic.Int64 // the number of the first Write that failed; 0: none
 	cuts   atomic.Int64 // past write deadlines set
+	busy   atomic.Int32 // Write calls under way: more than one breaks rule 3
 
 	afterRead   func(b []byte, err error) // after every Read, with what it returned
 	beforeSetRD func()                    // SetReadDeadline and SetDeadline
@@ -749,6 +750,10 @@ func (c *probeConn) Read(b []byte) (int, error) {
 
 func (c *probeConn) Write(b []byte) (int, error) {
 	i := c.writes.Add(1)
+	if c.busy.Add(1) > 1 {
+		c.log.add(c.name, overlappingWrite, b)
+	}
+	defer c.busy.Add(-1)
 	entry := c.log.add(c.name, "write", b)
 	if c.beforeWrite != nil {
 		c.beforeWrite(b)
@@ -792,6 +797,10 @@ func (c *probeConn) SetDeadline(t time.Time) error {
 	}
 	return c.Conn.SetDeadline(t)
 }
+
+// overlappingWrite is the log entry of a write begun while another was
+// under way on the same connection: two writers (rule 3).
+const overlappingWrite = "write begun while another was under way"
 
 type probeEntry struct {
 	conn, what string
@@ -994,12 +1003,15 @@ func (h *blockingHandler) Handle(_ context.Context, r slog.Record) error {
 
 // invariantsLocked checks, with srv.mu held, what must hold between any
 // two of the server's critical sections (server.go's rules and the
-// comments of its types): every lock has a holder or a waiter; a holder
-// holds under a token given; waiters wait, unpromoted, in the order they
-// joined; a session is in the table exactly while it waits or holds, and
-// is counted until its connection is closed; a session not ending has
-// nothing dropped and nothing final, and whatever was decided for it has
-// a writer; each grant is released once. With quiet, when every goroutine
+// comments of its types): every lock has a holder (endLocked hands it on
+// in the critical section that ends the last, and after Shutdown or Close
+// began the table is empty); a holder holds under a token given; waiters
+// wait, unpromoted, in the order they joined; a session is in the table
+// exactly while it waits or holds, and is counted until its connection is
+// closed; a session not ending has nothing dropped and nothing final, and
+// whatever was decided for it has a writer; nothing is owed after a drop,
+// nor after an end but what precedes its final ERROR (rules 2 and 4); each
+// grant is released once. With quiet, when every goroutine
 // of the server waits (in a synctest bubble, after synctest.Wait), also:
 // an ending session has a writer at work (else nobody would close it), no
 // live session is past its lease, and OnEvent has been told everything.
@@ -1009,8 +1021,8 @@ func (srv *Server) invariantsLocked(quiet bool) error {
 	}
 	holders, waiters, tokens := 0, 0, map[uint64]bool{}
 	for name, l := range srv.locks {
-		if l.holder == nil && l.waiters.Len() == 0 {
-			return fmt.Errorf("lock %q has neither holder nor waiter", name)
+		if l.holder == nil { // endLocked hands it on in its critical section
+			return fmt.Errorf("lock %q has no holder and %d waiters", name, l.waiters.Len())
 		}
 		if h := l.holder; h != nil {
 			holders++
@@ -1052,6 +1064,8 @@ func (srv *Server) invariantsLocked(quiet bool) error {
 			bad = "owed answers before it joined"
 		case s.phase < phaseEnding && owed && !s.writing:
 			bad = "owed answers that no writer will write"
+		case owed && (s.stopped.Load() || s.phase >= phaseEnding && s.final == nil):
+			bad = "owed answers after a drop, or after its end but for those before its final ERROR"
 		case srv.closing.Load() && s.phase < phaseEnding:
 			bad = "not ending after Shutdown or Close began"
 		case quiet && s.phase == phaseEnding && !s.writing:
@@ -1097,8 +1111,9 @@ func watchServer(t testing.TB, srv *Server) {
 	})
 }
 
-// watchInvariants checks srv.invariantsLocked at every tick of every until
-// the returned stop is called, and once more then; stop returns the first
+// watchInvariants checks srv.invariantsLocked, and the queues' order from
+// one check to the next (queueOrder), at every tick of every until the
+// returned stop is called, and once more then; stop returns the first
 // violation seen, or nil. With quiet, it runs in a synctest bubble and at
 // each tick checks again, with quiet, once every other goroutine waits: it
 // must be the bubble's only caller of synctest.Wait.
@@ -1108,9 +1123,10 @@ func watchInvariants(srv *Server, every time.Duration, quiet bool) (stop func() 
 		tick := time.NewTicker(every)
 		defer tick.Stop()
 		var first error
+		var order queueOrder
 		check := func(quiet bool) {
 			srv.mu.Lock()
-			err := srv.invariantsLocked(quiet)
+			err := cmp.Or(srv.invariantsLocked(quiet), order.checkLocked(srv))
 			srv.mu.Unlock()
 			if first == nil && err != nil {
 				first = fmt.Errorf("at %v: %w", time.Now().Format("15:04:05.000000"), err)
@@ -1207,4 +1223,44 @@ func (s *tls13Sender) record(contentType byte, msg []byte) []byte {
 	hdr := []byte{0x17, 0x03, 0x03, 0, 0} // application_data, TLS 1.2 on the wire
 	binary.BigEndian.PutUint16(hdr[3:], uint16(len(msg)+1+s.aead.Overhead()))
 	return s.aead.Seal(hdr, nonce, append(bytes.Clone(msg), contentType), hdr)
+}
+
+// queueOrder holds each lock's queue to strict FIFO from one check to the
+// next, however many sessions joined at one instant (fake time gives them
+// one queued-at time): a waiter first seen is numbered after every one seen
+// before, so the numbers of a queue rise from its front; and a holder seen
+// waiting was granted only once none seen ahead of it still waits.
+type queueOrder struct {
+	seen map[*session]uint64 // waiters and former waiters, while counted
+	last uint64
+}
+
+func (q *queueOrder) checkLocked(srv *Server) error {
+	if q.seen == nil {
+		q.seen = map[*session]uint64{}
+	}
+	for s := range q.seen {
+		if _, counted := srv.sessions[s]; !counted {
+			delete(q.seen, s)
+		}
+	}
+	for name, l := range srv.locks {
+		var ahead *session
+		for e := l.waiters.Front(); e != nil; e = e.Next() {
+			s := e.Value.(*session)
+			if _, ok := q.seen[s]; !ok {
+				q.last++
+				q.seen[s] = q.last
+			}
+			if ahead != nil && q.seen[s] < q.seen[ahead] {
+				return fmt.Errorf("waiter %s of %q is ahead of %s, which was seen waiting before it", ahead.remote, name, s.remote)
+			}
+			ahead = s
+		}
+		h, front := l.holder, l.waiters.Front()
+		if n, ok := q.seen[h]; ok && front != nil && q.seen[front.Value.(*session)] < n {
+			return fmt.Errorf("holder %s of %q was granted while %s, seen waiting ahead of it, still waits", h.remote, name, front.Value.(*session).remote)
+		}
+	}
+	return nil
 }

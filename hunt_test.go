@@ -375,10 +375,19 @@ func (c huntConfig) bubble() error {
 	return checkEvents(events, admin.forced)
 }
 
-// checkClients holds each client's stream to the grammar (check), and the
-// server's writes to each session an administrator ended to "nothing but
-// the final ERROR after the call returned".
+// checkClients holds each client's stream to the grammar (check), the
+// server's writes to one writer at a time, and the server's writes to each
+// session an administrator ended to "nothing but the final ERROR after the
+// call returned".
 func checkClients(clients []*huntClient, admin *huntAdmin, log *probeLog) error {
+	log.mu.Lock()
+	for _, e := range log.entries {
+		if e.what == overlappingWrite {
+			log.mu.Unlock()
+			return fmt.Errorf("client %s: two writes at once: %s", e.conn, e)
+		}
+	}
+	log.mu.Unlock()
 	for _, hc := range clients {
 		if err := hc.check(); err != nil {
 			return fmt.Errorf("client %s: %w (received % x)", hc.name, err, hc.received)
