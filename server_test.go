@@ -1270,3 +1270,78 @@ func TestLogLimitCountsWhatItLeftOut(t *testing.T) {
 		}
 	})
 }
+
+// delayedFlightConn delays the client's second flight of a TLS handshake
+// (its Finished): a slow client, within the io-timeout.
+type delayedFlightConn struct {
+	net.Conn
+	delay  time.Duration
+	writes int
+}
+
+func (c *delayedFlightConn) Write(b []byte) (int, error) {
+	if c.writes++; c.writes == 2 {
+		time.Sleep(c.delay)
+	}
+	return c.Conn.Write(b)
+}
+
+// TestTLS13KeyUpdateKeepsTheSession before the session joins the table:
+// while the server reads the ACQUIRE, the write deadline is still the
+// handshake's (set when it began). A client whose handshake takes 0.6
+// io-timeout and whose ACQUIRE comes 0.6 io-timeout after it, each within
+// its io-timeout (docs/protocol.md §6), sends a KeyUpdate just before its
+// ACQUIRE: the answer, written inside the server's read, meets the
+// handshake's deadline, crypto/tls keeps that error for the next write,
+// and the session never gets its ACQUIRED (nor, if Shutdown comes first,
+// its ERROR 0x01).
+func TestTLS13KeyUpdateBeforeTheAcquireKeepsTheSession(t *testing.T) {
+	const ioTimeout = 2 * time.Second
+	for _, then := range []string{"acquire", "shutdown"} {
+		t.Run(then, func(t *testing.T) {
+			srv := &Server{IOTimeout: ioTimeout}
+			l, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			addr := serveOn(t, srv, tls.NewListener(l, &tls.Config{Certificates: []tls.Certificate{selfSigned(t)}}))
+			raw, err := net.DialTimeout("tcp", addr, wait)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer raw.Close()
+			var keylog bytes.Buffer
+			c := tls.Client(&delayedFlightConn{Conn: raw, delay: ioTimeout * 6 / 10},
+				&tls.Config{InsecureSkipVerify: true, MinVersion: tls.VersionTLS13, KeyLogWriter: &keylog})
+			c.SetDeadline(time.Now().Add(wait))
+			if err := c.Handshake(); err != nil {
+				t.Fatal(err)
+			}
+			s := newTLS13Sender(t, c, keylog.String())
+			if s == nil {
+				t.Skipf("cipher suite %s: the test encrypts with AES-GCM only", tls.CipherSuiteName(c.ConnectionState().CipherSuite))
+			}
+			time.Sleep(ioTimeout * 6 / 10)                                             // the first frame, within its io-timeout
+			if _, err := raw.Write(s.record(22, []byte{24, 0, 0, 1, 1})); err != nil { // KeyUpdate, update_requested
+				t.Fatal(err)
+			}
+			s.updateKeys()
+			want := TypeAcquired
+			if then == "acquire" {
+				b, _ := acquire("x", time.Minute).AppendBinary(nil)
+				if _, err := raw.Write(s.record(23, b)); err != nil {
+					t.Fatal(err)
+				}
+			} else {
+				time.Sleep(100 * time.Millisecond) // the server has read the KeyUpdate
+				go srv.Shutdown(context.Background())
+				want = TypeError
+			}
+			c.SetReadDeadline(time.Now().Add(wait))
+			if f, err := ReadFrame(c); err != nil || f.Type != want {
+				t.Errorf("a KeyUpdate then %s, 0.6 io-timeout after a handshake of 0.6 io-timeout: got %+v, %v; want type 0x%02x; releases %v",
+					then, f, err, want, srv.Stats().Releases)
+			}
+		})
+	}
+}
