@@ -3620,3 +3620,55 @@ func TestCutInsideAFrameFinishesItBeforeTheFinalError(t *testing.T) {
 		})
 	}
 }
+
+// The one exception to a lease's end over TLS (docs/protocol.md §6, lease
+// expiry): a TLS 1.3 waiter that asks for a KeyUpdate and then neither
+// reads nor sends holds its session's read inside the update's answer,
+// which waits on the connection's one write deadline: once W is promoted,
+// the push's io-timeout. W is closed, and X granted, no later than the
+// push's io-timeout (found by the review of the eleventh review's TLS
+// fixes: not at the lease's end, as for any other silent client).
+func TestKeyUpdateStuckInAReadHoldsAtMostAnIOTimeout(t *testing.T) {
+	const lease, ioTimeout = time.Second, 2 * time.Second
+	srv := &Server{IOTimeout: ioTimeout}
+	l := servePipe(t, srv)
+	h := l.dial("H")
+	defer h.Close()
+	sendAcquire(t, h, "x", time.Minute)
+	mustRead(t, h, TypeAcquired)
+
+	client, server := net.Pipe()
+	defer client.Close()
+	var keylog bytes.Buffer
+	w := tls.Client(client, &tls.Config{InsecureSkipVerify: true, MinVersion: tls.VersionTLS13, KeyLogWriter: &keylog})
+	go func() {
+		l.conns <- tls.Server(namedConn{server, "W"}, &tls.Config{Certificates: []tls.Certificate{selfSigned(t)}})
+	}()
+	w.SetDeadline(time.Now().Add(wait))
+	if err := w.Handshake(); err != nil {
+		t.Fatal(err)
+	}
+	s := newTLS13Sender(t, w, keylog.String())
+	if s == nil {
+		t.Skipf("cipher suite %s: the test encrypts with AES-GCM only", tls.CipherSuiteName(w.ConnectionState().CipherSuite))
+	}
+	sendAcquire(t, w, "x", lease)
+	s.seq = 1 // the ACQUIRE was the first record
+	mustRead(t, w, TypeWaiting)
+	x := l.dial("X")
+	defer x.Close()
+	sendAcquire(t, x, "x", time.Minute)
+	mustRead(t, x, TypeWaiting)
+
+	client.SetWriteDeadline(time.Now().Add(wait))
+	if _, err := client.Write(s.record(22, []byte{24, 0, 0, 1, 1})); err != nil { // KeyUpdate, update_requested; then W is silent
+		t.Fatal(err)
+	}
+	time.Sleep(lease / 2)
+	pushed := time.Now()
+	h.Close() // W, its lease not passed, is promoted; its push waits behind the answer
+	mustRead(t, x, TypeAcquired)
+	if d := time.Since(pushed); d > ioTimeout+overrun {
+		t.Errorf("X granted %v after W's push, W silent since its KeyUpdate; want at most the io-timeout, %v (and %v for this machine)", d, ioTimeout, overrun)
+	}
+}

@@ -359,10 +359,11 @@ func (s *session) handshake(tc *tls.Conn) error {
 }
 
 // acquire reads the first frame, a valid ACQUIRE, and joins the table; it
-// returns the end of the lease, the first read deadline of run.
+// returns the end of the lease, the first read deadline of run. Its reads
+// set the write deadline too: a TLS read may write (a KeyUpdate's answer).
 func (s *session) acquire() (time.Time, error) {
 	srv := s.srv
-	s.conn.SetReadDeadline(time.Now().Add(srv.ioTimeout()))
+	s.conn.SetDeadline(time.Now().Add(srv.ioTimeout()))
 	n, err := s.conn.Read(s.rbuf[:])
 	if n == 0 {
 		return time.Time{}, cmp.Or(err, io.EOF)
@@ -415,7 +416,7 @@ func (s *session) Read(p []byte) (int, error) {
 	if s.r == s.w {
 		if s.w != 0 {
 			s.r, s.w = 0, 0
-			s.conn.SetReadDeadline(time.Now().Add(s.srv.ioTimeout()))
+			s.conn.SetDeadline(time.Now().Add(s.srv.ioTimeout()))
 		}
 		return s.conn.Read(p)
 	}
