@@ -707,6 +707,11 @@ mutant diag-exit-without-flush cmd/monolock/main.go 'TestAuditLogToStdoutAndWrit
 mutant run-held-heartbeat-once-a-lease cmd/monolock/run_hold.go 'TestRunKeepsTheLockFromOthersUntilTheGroupIsGone' ./cmd/monolock \
   't := time.NewTicker(lease / 4)' \
   't := time.NewTicker(lease)'
+# run exits at once after a loss, before the line that tells it (written
+# off its loop) has reached a slow stderr.
+mutant run-exits-before-telling-the-loss cmd/monolock/run.go 'TestRunTellsALossThroughASlowStderr' ./cmd/monolock \
+  'case <-said:' \
+  'default:'
 # run: a Close before the grant (a -wait that ran out) is put off too.
 mutant run-close-put-off-before-grant cmd/monolock/run_hold.go 'TestRun' ./cmd/monolock \
   'if !c.holding || c.finished {' \

@@ -360,6 +360,17 @@ func runLocked(l *monolock.Lock, conn *heldConn, lease time.Duration, addr strin
 	}
 
 	lost := l.Done()
+	var said chan struct{} // closed once the loss is told
+	tell := func(format string, args ...any) {
+		said = make(chan struct{})
+		line := fmt.Sprintf("monolock run: lock %q lost ", l.Name()) + fmt.Sprintf(format, args...)
+		// Off this loop: a stalled stderr (a full pipe, a terminal stopped
+		// with Ctrl-S) must not hold back the group's end, nor its SIGKILL.
+		go func() {
+			fmt.Fprintln(stderr, line)
+			close(said)
+		}()
+	}
 	var kill, poll <-chan time.Time
 	for {
 		select {
@@ -384,11 +395,8 @@ func runLocked(l *monolock.Lock, conn *heldConn, lease time.Duration, addr strin
 			syscall.Kill(group, syscall.SIGTERM)
 			continueGroup(group)
 			kill = time.After(grace)
-			// Said after the signal and off this loop: a stalled stderr
-			// (a full pipe, a terminal stopped with Ctrl-S) must not hold
-			// back the group's end, nor its SIGKILL.
-			go fmt.Fprintf(stderr, "monolock run: lock %q lost while %s ran: %s; sent SIGTERM to its process group, SIGKILL in %v\n",
-				l.Name(), command[0], printable(l.Err().Error()), grace)
+			tell("while %s ran: %s; sent SIGTERM to its process group, SIGKILL in %v", // after the signal
+				command[0], printable(l.Err().Error()), grace)
 		case <-kill:
 			syscall.Kill(group, syscall.SIGKILL)
 		}
@@ -407,6 +415,13 @@ func runLocked(l *monolock.Lock, conn *heldConn, lease time.Duration, addr strin
 		}
 	}
 	if l.Err() != nil { // lost: COMMAND's status says nothing of the lock
+		if said == nil { // lost as the group ended, before this loop saw it
+			tell("as %s ended: %s", command[0], printable(l.Err().Error()))
+		}
+		select { // said before the exit, unless stderr is stalled
+		case <-said:
+		case <-time.After(time.Second):
+		}
 		return exitLost
 	}
 	return status

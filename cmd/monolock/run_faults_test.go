@@ -1,6 +1,8 @@
 package main
 
 import (
+	"errors"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -259,5 +261,43 @@ func TestRunInvalidLeaseExitStatus(t *testing.T) {
 			!strings.Contains(stderr, tc.want) || tc.want != "at least 1ms" && strings.Contains(stderr, "positive") {
 			t.Errorf("-lease %s: exit %d, %q; want %d and one line naming -lease and saying %q", tc.lease, code, stderr, exitRefused, tc.want)
 		}
+	}
+}
+
+// A loss is told before run exits, even when stderr is slow: the line is
+// written off run's loop (a stalled stderr must not hold back the group's
+// SIGKILL), and run waits for it, a second at most, before it exits. Here
+// stderr is a pipe the test has filled, and drains only 300ms after the
+// start, well after the group has ended. (The line used to be lost when
+// run exited first: seen in CI as TestRunEscapesServerText's empty stderr.)
+func TestRunTellsALossThroughASlowStderr(t *testing.T) {
+	addr := fakeServer(t, monolock.Frame{Type: monolock.TypeAcquired, Token: 7},
+		monolock.Frame{Type: monolock.TypeError, Code: 0x02, Reason: "closed by administrator"})
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	w.SetWriteDeadline(time.Now().Add(100 * time.Millisecond))
+	filled, _ := w.Write(make([]byte, 1<<20)) // until the pipe is full
+	cmd := exec.Command(binary, "run", "-addr", addr, "-grace", "100ms", "x", "--", "sleep", "30")
+	cmd.Stderr = w
+	start := time.Now()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	w.Close()
+	t.Cleanup(func() { cmd.Process.Kill() })
+	time.Sleep(300 * time.Millisecond)
+	rest := make(chan []byte, 1)
+	go func() { b, _ := io.ReadAll(r); rest <- b }()
+	err = cmd.Wait()
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) || exit.ExitCode() != exitLost {
+		t.Fatalf("exit %v after %v, want status %d", err, time.Since(start), exitLost)
+	}
+	b := <-rest
+	if told := string(b[min(filled, len(b)):]); !strings.Contains(told, `monolock run: lock "x" lost while sleep ran: `) {
+		t.Errorf("stderr after the %d bytes that filled the pipe: %q; want the loss told", filled, told)
 	}
 }
