@@ -1163,30 +1163,38 @@ type tls13Sender struct {
 	seq     uint64
 }
 
-// newTLS13Sender takes the client's traffic secret from the key log of a
-// handshake c has completed; nil if c's suite is not AES-GCM.
-func newTLS13Sender(t *testing.T, c *tls.Conn, keylog string) *tls13Sender {
+// handshakeTLS13 completes a TLS 1.3 client handshake over conn and
+// returns the client with a sender of its records, which takes the traffic
+// secret from the handshake's key log. It skips the test unless the suite
+// is AES-GCM, the one the sender speaks.
+func handshakeTLS13(t *testing.T, conn net.Conn) (*tls.Conn, *tls13Sender) {
+	var keylog bytes.Buffer
+	c := tls.Client(conn, &tls.Config{InsecureSkipVerify: true, MinVersion: tls.VersionTLS13, KeyLogWriter: &keylog})
+	c.SetDeadline(time.Now().Add(wait))
+	if err := c.Handshake(); err != nil {
+		t.Fatal(err)
+	}
 	s := &tls13Sender{}
-	switch c.ConnectionState().CipherSuite {
+	switch suite := c.ConnectionState().CipherSuite; suite {
 	case tls.TLS_AES_128_GCM_SHA256:
 		s.newHash, s.keyLen = sha256.New, 16
 	case tls.TLS_AES_256_GCM_SHA384:
 		s.newHash, s.keyLen = sha512.New384, 32
 	default:
-		return nil
+		t.Skipf("cipher suite %s: the test encrypts with AES-GCM only", tls.CipherSuiteName(suite))
 	}
-	for line := range strings.Lines(keylog) {
+	for line := range strings.Lines(keylog.String()) {
 		if f := strings.Fields(line); len(f) == 3 && f[0] == "CLIENT_TRAFFIC_SECRET_0" {
 			secret, err := hex.DecodeString(f[2])
 			if err != nil {
 				t.Fatal(err)
 			}
 			s.setSecret(secret)
-			return s
+			return c, s
 		}
 	}
 	t.Fatal("no client traffic secret in the key log")
-	return nil
+	return nil, nil
 }
 
 func (s *tls13Sender) expand(secret []byte, label string, n int) []byte {

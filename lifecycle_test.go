@@ -3639,19 +3639,10 @@ func TestKeyUpdateStuckInAReadHoldsAtMostAnIOTimeout(t *testing.T) {
 
 	client, server := net.Pipe()
 	defer client.Close()
-	var keylog bytes.Buffer
-	w := tls.Client(client, &tls.Config{InsecureSkipVerify: true, MinVersion: tls.VersionTLS13, KeyLogWriter: &keylog})
 	go func() {
 		l.conns <- tls.Server(namedConn{server, "W"}, &tls.Config{Certificates: []tls.Certificate{selfSigned(t)}})
 	}()
-	w.SetDeadline(time.Now().Add(wait))
-	if err := w.Handshake(); err != nil {
-		t.Fatal(err)
-	}
-	s := newTLS13Sender(t, w, keylog.String())
-	if s == nil {
-		t.Skipf("cipher suite %s: the test encrypts with AES-GCM only", tls.CipherSuiteName(w.ConnectionState().CipherSuite))
-	}
+	w, s := handshakeTLS13(t, client)
 	sendAcquire(t, w, "x", lease)
 	s.seq = 1 // the ACQUIRE was the first record
 	mustRead(t, w, TypeWaiting)

@@ -642,16 +642,7 @@ func TestTLS13KeyUpdateKeepsTheSession(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer raw.Close()
-		var keylog bytes.Buffer
-		c := tls.Client(raw, &tls.Config{InsecureSkipVerify: true, MinVersion: tls.VersionTLS13, KeyLogWriter: &keylog})
-		c.SetDeadline(time.Now().Add(wait))
-		if err := c.Handshake(); err != nil {
-			t.Fatal(err)
-		}
-		s := newTLS13Sender(t, c, keylog.String())
-		if s == nil {
-			t.Skipf("cipher suite %s: the test encrypts with AES-GCM only", tls.CipherSuiteName(c.ConnectionState().CipherSuite))
-		}
+		c, s := handshakeTLS13(t, raw)
 		sendAcquire(t, c, "x", time.Minute)
 		s.seq = 1 // the ACQUIRE was the first record
 		token := mustRead(t, c, TypeAcquired).Token
@@ -1310,17 +1301,7 @@ func TestTLS13KeyUpdateBeforeTheAcquireKeepsTheSession(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer raw.Close()
-			var keylog bytes.Buffer
-			c := tls.Client(&delayedFlightConn{Conn: raw, delay: ioTimeout * 6 / 10},
-				&tls.Config{InsecureSkipVerify: true, MinVersion: tls.VersionTLS13, KeyLogWriter: &keylog})
-			c.SetDeadline(time.Now().Add(wait))
-			if err := c.Handshake(); err != nil {
-				t.Fatal(err)
-			}
-			s := newTLS13Sender(t, c, keylog.String())
-			if s == nil {
-				t.Skipf("cipher suite %s: the test encrypts with AES-GCM only", tls.CipherSuiteName(c.ConnectionState().CipherSuite))
-			}
+			c, s := handshakeTLS13(t, &delayedFlightConn{Conn: raw, delay: ioTimeout * 6 / 10})
 			time.Sleep(ioTimeout * 6 / 10)                                             // the first frame, within its io-timeout
 			if _, err := raw.Write(s.record(22, []byte{24, 0, 0, 1, 1})); err != nil { // KeyUpdate, update_requested
 				t.Fatal(err)
