@@ -1163,6 +1163,23 @@ type tls13Sender struct {
 	seq     uint64
 }
 
+// dialServedTLS serves srv over TLS on an ephemeral loopback port until the
+// test ends, and returns a raw TCP connection to it, for a TLS client the
+// test drives itself.
+func dialServedTLS(t *testing.T, srv *Server) net.Conn {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := serveOn(t, srv, tls.NewListener(l, &tls.Config{Certificates: []tls.Certificate{selfSigned(t)}}))
+	raw, err := net.DialTimeout("tcp", addr, wait)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { raw.Close() })
+	return raw
+}
+
 // handshakeTLS13 completes a TLS 1.3 client handshake over conn and
 // returns the client with a sender of its records, which takes the traffic
 // secret from the handshake's key log. It skips the test unless the suite

@@ -632,16 +632,7 @@ func TestTLS13KeyUpdateKeepsTheSession(t *testing.T) {
 	const ioTimeout = 300 * time.Millisecond
 	for _, idle := range []time.Duration{50 * time.Millisecond, 4 * ioTimeout} {
 		srv := &Server{IOTimeout: ioTimeout}
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		addr := serveOn(t, srv, tls.NewListener(l, &tls.Config{Certificates: []tls.Certificate{selfSigned(t)}}))
-		raw, err := net.DialTimeout("tcp", addr, wait)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer raw.Close()
+		raw := dialServedTLS(t, srv)
 		c, s := handshakeTLS13(t, raw)
 		sendAcquire(t, c, "x", time.Minute)
 		s.seq = 1 // the ACQUIRE was the first record
@@ -1291,16 +1282,7 @@ func TestTLS13KeyUpdateBeforeTheAcquireKeepsTheSession(t *testing.T) {
 	for _, then := range []string{"acquire", "shutdown"} {
 		t.Run(then, func(t *testing.T) {
 			srv := &Server{IOTimeout: ioTimeout}
-			l, err := net.Listen("tcp", "127.0.0.1:0")
-			if err != nil {
-				t.Fatal(err)
-			}
-			addr := serveOn(t, srv, tls.NewListener(l, &tls.Config{Certificates: []tls.Certificate{selfSigned(t)}}))
-			raw, err := net.DialTimeout("tcp", addr, wait)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer raw.Close()
+			raw := dialServedTLS(t, srv)
 			c, s := handshakeTLS13(t, &delayedFlightConn{Conn: raw, delay: ioTimeout * 6 / 10})
 			time.Sleep(ioTimeout * 6 / 10)                                             // the first frame, within its io-timeout
 			if _, err := raw.Write(s.record(22, []byte{24, 0, 0, 1, 1})); err != nil { // KeyUpdate, update_requested
