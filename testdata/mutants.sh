@@ -100,8 +100,8 @@ mutant write-after-failed-write server.go 'TestNothingIsWrittenAfterAFrameLeftUn
 # Rule 4 (stopLocked): another party's end keeps what was owed (a push, a
 # heartbeat's answer) and writes it before the final ERROR.
 mutant push-after-force-release server.go 'TestForceReleaseDropsADecidedPush|TestNoPushAfterForceRelease|TestNoHeartbeatReplyAfterKickWaiter' . \
-  $'if s.phase < phaseEnding {\n\t\ts.dropLocked()' \
-  $'if s.phase < phaseEnding {\n\t\ts.stopped.Store(true)'
+  $'srv.endLocked(s, why)\n\t\ts.dropLocked() // after endLocked' \
+  $'srv.endLocked(s, why)\n\t\ts.stopped.Store(true) // after endLocked'
 # Rule 2 (heartbeatLocked): a heartbeat read as an administrator ends the
 # session is answered.
 mutant heartbeat-reply-after-stop server.go 'TestForceReleaseDropsADecidedHeartbeatReply|TestNoHeartbeatReplyAfterForceRelease|TestNoHeartbeatReplyAfterKickWaiter' . \
