@@ -1112,33 +1112,40 @@ func watchServer(t testing.TB, srv *Server) {
 }
 
 // watchInvariants checks srv.invariantsLocked, and the queues' order from
-// one check to the next (queueOrder), at every tick of every until the
-// returned stop is called, and once more then; stop returns the first
-// violation seen, or nil. With quiet, it runs in a synctest bubble and at
-// each tick checks again, with quiet, once every other goroutine waits: it
-// must be the bubble's only caller of synctest.Wait.
+// one check to the next (queueOrder), at intervals of every (or of ten
+// times what the last check took, if longer) until the returned stop is
+// called, and once more then; stop returns the first violation seen, or
+// nil. With quiet, it runs in a synctest bubble and at each interval's end
+// checks again, with quiet, once every other goroutine waits: it must be
+// the bubble's only caller of synctest.Wait.
 func watchInvariants(srv *Server, every time.Duration, quiet bool) (stop func() error) {
 	done, result := make(chan struct{}), make(chan error, 1)
 	go func() {
-		tick := time.NewTicker(every)
-		defer tick.Stop()
 		var first error
 		var order queueOrder
+		var took time.Duration // by the last check, holding srv.mu
 		check := func(quiet bool) {
 			srv.mu.Lock()
+			start := time.Now()
 			err := cmp.Or(srv.invariantsLocked(quiet), order.checkLocked(srv))
+			took = time.Since(start)
 			srv.mu.Unlock()
 			if first == nil && err != nil {
 				first = fmt.Errorf("at %v: %w", time.Now().Format("15:04:05.000000"), err)
 			}
 		}
 		for {
+			// A tenth of the time at most under srv.mu: a table of thousands
+			// of sessions (under the race detector, some ms a check) must not
+			// slow the server that a test times.
+			next := time.NewTimer(max(every, 10*took))
 			select {
 			case <-done:
+				next.Stop()
 				check(false)
 				result <- first
 				return
-			case <-tick.C:
+			case <-next.C:
 			}
 			check(false) // between whatever else runs at this instant
 			if quiet {
