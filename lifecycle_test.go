@@ -2217,6 +2217,7 @@ func TestBlockedWriteEndsAtTheLease(t *testing.T) {
 				hc := l.dial("h")
 				start := time.Now()
 				sendFrames(t, hc, acquire("x", lease))
+				synctest.Wait() // h's session has joined (its read returning is not enough): it holds, before w asks
 				if tc.beatAt > 0 {
 					mustRead(t, hc, TypeAcquired)
 				}
