@@ -1154,7 +1154,15 @@ func watchInvariants(srv *Server, every time.Duration, quiet bool) (stop func() 
 			}
 		}
 	}()
-	return func() error { close(done); return <-result }
+	return func() error {
+		close(done)
+		select {
+		case err := <-result:
+			return err
+		case <-time.After(wait):
+			return fmt.Errorf("the watcher did not stop within %v: srv.mu held?", wait)
+		}
+	}
 }
 
 // tls13Sender encrypts records of a TLS 1.3 client by hand (AES-GCM

@@ -291,12 +291,13 @@ func TestRunTellsALossThroughASlowStderr(t *testing.T) {
 	time.Sleep(300 * time.Millisecond)
 	rest := make(chan []byte, 1)
 	go func() { b, _ := io.ReadAll(r); rest <- b }()
-	err = cmd.Wait()
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
 	var exit *exec.ExitError
-	if !errors.As(err, &exit) || exit.ExitCode() != exitLost {
+	if err := await(t, exited, "monolock run's exit after its loss"); !errors.As(err, &exit) || exit.ExitCode() != exitLost {
 		t.Fatalf("exit %v after %v, want status %d", err, time.Since(start), exitLost)
 	}
-	b := <-rest
+	b := await(t, rest, "the end of run's stderr")
 	if told := string(b[min(filled, len(b)):]); !strings.Contains(told, `monolock run: lock "x" lost while sleep ran: `) {
 		t.Errorf("stderr after the %d bytes that filled the pipe: %q; want the loss told", filled, told)
 	}
