@@ -729,9 +729,10 @@ func releaseReason(why error) string {
 
 // drainLocked, the one writer (rule 3), takes what s is owed under srv.mu,
 // writes it without, until nothing is left, then closes an ending session;
-// it releases srv.mu. A write cut by a drop (rule 5) finishes its frame
-// alone, so that the final ERROR follows a whole stream; any other failed
-// write may have ended inside a frame, so nothing more is written.
+// it releases srv.mu. A write cut by a drop (rule 5) with a final ERROR
+// to follow finishes its frame alone, so that the ERROR follows a whole
+// stream; any other failed write may have ended inside a frame, so
+// nothing more is written.
 func (s *session) drainLocked(own bool) {
 	srv := s.srv
 	for {
@@ -761,12 +762,14 @@ func (s *session) drainLocked(own bool) {
 			n, err = s.conn.Write(b)
 		}
 		cut := err != nil && isTimeout(err) && s.stopped.Load() && !stopped
-		if end := frameEnd(b, n); cut && end > n { // cut inside a frame: finish it alone
+		srv.mu.Lock()
+		if end := frameEnd(b, n); cut && end > n && s.final != nil { // cut inside a frame, an ERROR to follow: finish it alone
+			srv.mu.Unlock()
 			s.conn.SetWriteDeadline(time.Now().Add(srv.ioTimeout()))
 			_, err = s.conn.Write(b[n:end])
 			cut = err == nil
+			srv.mu.Lock()
 		}
-		srv.mu.Lock()
 		switch code, _ := codeOf(fin); {
 		case err == nil && fin != nil:
 			srv.counts.Errors[code]++
@@ -785,8 +788,11 @@ func (s *session) drainLocked(own bool) {
 
 // takeLocked takes from the outbox what fits one write, in order: its
 // bytes (nil for none), the final ERROR's cause if they end with it, and
-// the deadline: the io-timeout, or on s's own goroutine the end of its
-// lease if sooner: a client that neither reads nor sends is silent.
+// the deadline: the io-timeout, or the end of its lease if sooner, as a
+// client that neither reads nor sends is silent. Another writer keeps to
+// the io-timeout over TCP, where the lease may move meanwhile and the
+// read's deadline sees its end; not over TLS, where a read may wait inside
+// the write under way (an alert or a KeyUpdate's answer), deadline and all.
 func (s *session) takeLocked(own bool) (b []byte, fin error, due time.Time) {
 	size := int(s.owedWaiting) + 9*int(s.owedAcquired)
 	if s.final != nil {
@@ -810,7 +816,7 @@ func (s *session) takeLocked(own bool) (b []byte, fin error, due time.Time) {
 		b, _ = Frame{Type: TypeError, Code: code, Reason: reason}.AppendBinary(b)
 	}
 	due = time.Now().Add(s.srv.ioTimeout())
-	if own && (s.phase == phaseWaiting || s.phase == phaseHolding) { // then lease is set
+	if _, isTLS := s.conn.(*tls.Conn); (own || isTLS) && (s.phase == phaseWaiting || s.phase == phaseHolding) {
 		if until := s.seen.Add(s.lease); until.Before(due) {
 			due = until
 		}

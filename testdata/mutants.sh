@@ -193,8 +193,14 @@ mutant cut-write-loses-final-error server.go 'TestForceReleaseFinalErrorSurvives
 # drainLocked: a cut inside a frame is taken for a failed write: half a
 # frame, then the end, and no final ERROR (the eighth review).
 mutant cut-inside-a-frame-not-finished server.go 'TestCutInsideAFrameFinishesItBeforeTheFinalError' . \
-  'cut && end > n {' \
-  'false && end > n {'
+  'cut && end > n && s.final != nil {' \
+  'false && end > n && s.final != nil {'
+# drainLocked: a cut frame is finished with no ERROR to follow: an end by
+# the lease keeps writing, and the connection open, an io-timeout more
+# (the twelfth review).
+mutant cut-frame-finished-without-final-error server.go 'TestLeaseEndCutInsideAFrameClosesAtOnce' . \
+  'cut && end > n && s.final != nil {' \
+  'cut && end > n {'
 mutant timeout-taken-for-a-cut server.go 'TestIOTimeoutBoundsAWrite|TestPushTimeoutIsReleasedAsIOTimeout|TestBlockedWriteEndsAtTheLease' . \
   'cut := err != nil && isTimeout(err) && s.stopped.Load() && !stopped' \
   'cut := err != nil && isTimeout(err)'
@@ -268,15 +274,19 @@ mutant shutdown-waits-past-ctx server.go 'TestShutdownDoesNotWaitForAuthorize|Te
 mutant join-ignores-lease server.go 'TestNoGrantWhenAuthorizeOutlastsTheLease' . \
   'case time.Since(read) >= s.lease:' \
   'case false:'
-# takeLocked: a writer other than the session's own keeps to the lease taken
-# at its start; or the session's own writer waits a full io-timeout on a
-# client that neither reads nor sends.
+# takeLocked: a writer other than the session's own keeps, over TCP, to the
+# lease taken at its start; or the session's own writer waits a full
+# io-timeout on a client that neither reads nor sends; or, over TLS, a push
+# keeps to the io-timeout while a read waits inside it (the twelfth review).
 mutant other-writer-keeps-to-the-lease server.go 'TestPushWriterKeepsToTheIOTimeout' . \
-  'if own && (s.phase == phaseWaiting || s.phase == phaseHolding) {' \
-  'if s.phase == phaseWaiting || s.phase == phaseHolding {'
+  '(own || isTLS) && (s.phase == phaseWaiting || s.phase == phaseHolding) {' \
+  '(own || isTLS || true) && (s.phase == phaseWaiting || s.phase == phaseHolding) {'
 mutant own-writer-ignores-the-lease server.go 'TestBlockedWriteEndsAtTheLease|TestClientThatNeverReadsDelaysNobody' . \
-  'if own && (s.phase == phaseWaiting || s.phase == phaseHolding) {' \
-  'if false && own && (s.phase == phaseWaiting || s.phase == phaseHolding) {'
+  '(own || isTLS) && (s.phase == phaseWaiting || s.phase == phaseHolding) {' \
+  '(false && own || isTLS) && (s.phase == phaseWaiting || s.phase == phaseHolding) {'
+mutant tls-push-ignores-the-lease server.go 'TestTLSReadStuckBehindAPushEndsAtTheLease|TestKeyUpdateStuckInAReadEndsAtTheLease' . \
+  '(own || isTLS) && (s.phase == phaseWaiting || s.phase == phaseHolding) {' \
+  '(own || false && isTLS) && (s.phase == phaseWaiting || s.phase == phaseHolding) {'
 # Rule 9 (endLocked): the release is queued after the grant it allows.
 mutant release-event-after-the-grant server.go 'TestForceReleaseAndKickWaiter|TestPromotionSkipsExpiredWaiter|TestRaceHunt' . \
   $'\t\tsrv.emitLocked(Event{Type: EventReleased, Token: s.token, Held: held, Reason: reason}, s)\n\t\tif !srv.closing.Load() {\n\t\t\tsrv.promoteLocked(l)\n\t\t}\n' \

@@ -96,6 +96,7 @@ queue "wrong: the write made holding srv.mu" fail 2 "$m -DMUT_WRITE_UNDER_MU"
 g="-DNOSHUTDOWN -DHB1=0 -DFAILS=0"
 queue "wrong, Go's writes: stopLocked drops nothing" fail 64 "$g -DMUT_NO_DROP"
 queue "wrong, Go's writes: stopped loaded before the write's deadline is set" fail 64 "$g -DMUT_CHECK_FIRST"
+queue "wrong, Go's writes: a cut frame finished with no ERROR to follow (before the twelfth review)" fail 128 "$g -DMUT_FINISH_ALONE"
 failed=0
 for i in "${!pids[@]}"; do
   wait "${pids[$i]}" || failed=1

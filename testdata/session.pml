@@ -51,7 +51,8 @@
  *      its ERROR 0x02 or the one that finishes a frame the cut left
  *      unfinished; a write that had begun may write on
  * 128 (P1w) P1 likewise: after an end that is not the session's own bad
- *      frame, no Write begins but the final ERROR's or a frame's finish
+ *      frame, no Write begins but the final ERROR's or, with a final
+ *      ERROR to follow, a frame's finish
  *
  * Switches that make the server wrong, each refuted by a trail:
  *   MUT_CUT_AFTER_UNLOCK  the cut is set after the critical section (as
@@ -66,6 +67,8 @@
  *   MUT_TWO_WRITERS       drainOwnLocked does not look at writing
  *   MUT_KEEP_IN_QUEUE     endLocked leaves an ending waiter in the queue
  *   MUT_WRITE_UNDER_MU    drainLocked writes holding srv.mu
+ *   MUT_FINISH_ALONE      a cut frame is finished with no final ERROR to
+ *                         follow (before the twelfth review)
  */
 
 #ifndef NS
@@ -379,7 +382,7 @@ inline write(x, to) {
 			/* a batch with an ERROR was taken after the end, which
 			 * dropped all else; wn > 0 is the finish of a cut frame */
 			prop(64, !adminRet[x] || bfin == ADMIN || wn > 0);
-			prop(128, !after[x] || bfin != NOCODE || wn > 0)
+			prop(128, !after[x] || bfin != NOCODE || wn > 0 && fin[x] != NOCODE)
 		fi
 	};
 	do
@@ -467,18 +470,30 @@ inline drainLocked(x) {
 #ifdef MUT_CUT_IS_FAILURE
 		cut = cut && wn == 0;
 #endif
+		atomic {	/* srv.mu.Lock: is an ERROR to follow? */
+#ifndef MUT_WRITE_UNDER_MU
+			lockMu;
+#endif
+#ifndef MUT_FINISH_ALONE
+			if :: cut && fe > wn && fin[x] != NOCODE :: else -> fe = 0 fi
+#else
+			if :: cut && fe > wn :: else -> fe = 0 fi
+#endif
+		};
 		if
-		:: cut && fe > wn ->	/* cut inside a frame: finish it alone */
+		:: fe > wn ->	/* cut inside a frame, an ERROR to follow: finish it alone */
+#ifndef MUT_WRITE_UNDER_MU
+			unlock();
+#endif
 			dlPast[x] = false;
 			write(x, fe);
-			cut = (werr == OK)
+			cut = (werr == OK);
+#ifndef MUT_WRITE_UNDER_MU
+			atomic { lockMu }
+#endif
 		:: else
 		fi;
-#ifdef MUT_WRITE_UNDER_MU
-		unlock();
-#endif
 		atomic {
-			lockMu;
 			inw[x]--;
 			if
 			:: werr == OK
