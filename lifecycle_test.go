@@ -3336,7 +3336,8 @@ func TestLeaseEndCutInsideAFrameClosesAtOnce(t *testing.T) {
 		sendAcquire(t, x, "x", time.Minute)
 		mustRead(t, x, TypeWaiting)
 
-		h.Close() // W is promoted; its push's write begins
+		synctest.Wait() // W's goroutine is back in its read: the push is another goroutine's
+		h.Close()       // W is promoted; its push's write begins
 		var one [1]byte
 		if _, err := io.ReadFull(w, one[:]); err != nil || one[0] != TypeAcquired {
 			t.Fatalf("W's push began with %x, %v; want 0x%02x", one, err, TypeAcquired)
@@ -3354,11 +3355,12 @@ func TestLeaseEndCutInsideAFrameClosesAtOnce(t *testing.T) {
 
 // Over TLS, 1.2 and 1.3, a record that makes the TLS layer answer (here
 // one that fails to decrypt: an alert) leaves the session's read waiting
-// inside the push under way, its lease's read deadline with it. The push,
-// like every write to a live TLS session, ends at the lease: X is granted
-// at W's lease (100ms), not after the io-timeout (5s), and an
-// administrator and Shutdown are not delayed either. (Found by the
-// twelfth review: X waited the io-timeout.)
+// inside the push under way, its lease's read deadline with it. The
+// server's watch of the lease during the push ends W at its lease's end
+// all the same, also after heartbeats that moved it: X is granted at W's
+// lease (100ms), not after the io-timeout (5s), and an administrator and
+// Shutdown are not delayed either. (Found by the twelfth review: X waited
+// the io-timeout.)
 func TestTLSReadStuckBehindAPushEndsAtTheLease(t *testing.T) {
 	const lease, ioTimeout = 100 * time.Millisecond, 5 * time.Second
 	for _, tc := range []struct {
@@ -3366,13 +3368,16 @@ func TestTLSReadStuckBehindAPushEndsAtTheLease(t *testing.T) {
 		version uint16
 		garbage bool
 		admin   bool
+		beats   int // HEARTBEATs, one every lease/2, before the bad record
 	}{
-		{"TLS1.2", tls.VersionTLS12, true, false},
-		{"TLS1.3", tls.VersionTLS13, true, false},
-		{"TLS1.2 silent", tls.VersionTLS12, false, false},
-		{"TLS1.3 silent", tls.VersionTLS13, false, false},
-		{"TLS1.2 ForceRelease", tls.VersionTLS12, true, true},
-		{"TLS1.3 ForceRelease", tls.VersionTLS13, true, true},
+		{"TLS1.2", tls.VersionTLS12, true, false, 0},
+		{"TLS1.3", tls.VersionTLS13, true, false, 0},
+		{"TLS1.2 after heartbeats", tls.VersionTLS12, true, false, 4},
+		{"TLS1.3 after heartbeats", tls.VersionTLS13, true, false, 4},
+		{"TLS1.2 silent", tls.VersionTLS12, false, false, 0},
+		{"TLS1.3 silent", tls.VersionTLS13, false, false, 0},
+		{"TLS1.2 ForceRelease", tls.VersionTLS12, true, true, 0},
+		{"TLS1.3 ForceRelease", tls.VersionTLS13, true, true, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			srv := &Server{IOTimeout: ioTimeout}
@@ -3410,9 +3415,18 @@ func TestTLSReadStuckBehindAPushEndsAtTheLease(t *testing.T) {
 			start := time.Now()
 			h.Close() // W is promoted; its push blocks: W does not read
 			await(t, pushing, "W's push")
+			for range tc.beats { // each moves W's lease: the watch looks again
+				time.Sleep(lease / 2)
+				client.SetWriteDeadline(time.Now().Add(lease / 2))
+				if _, err := w.Write([]byte{TypeHeartbeat}); err != nil {
+					t.Fatalf("W's heartbeat during its push: %v", err)
+				}
+				start = time.Now()
+			}
 			if tc.garbage {
 				time.Sleep(10 * time.Millisecond) // the push holds the TLS write side
-				go client.Write(append([]byte{23, 3, 3, 0, 32}, make([]byte, 32)...)) // application data that fails to decrypt
+				// Application data that fails to decrypt:
+				go client.Write(append([]byte{23, 3, 3, 0, 32}, make([]byte, 32)...))
 				time.Sleep(10 * time.Millisecond)
 			}
 			if tc.admin {
@@ -3437,6 +3451,79 @@ func TestTLSReadStuckBehindAPushEndsAtTheLease(t *testing.T) {
 				if d := time.Since(start); d > 100*time.Millisecond+overrun {
 					t.Errorf("Shutdown with a 100ms ctx returned after %v", d)
 				}
+			}
+		})
+	}
+}
+
+// A client that heartbeats is alive, whether or not it reads: a push it
+// leaves unread has the io-timeout, over TCP and TLS alike, and an
+// administrator's ERROR follows it when the client reads at last. W (lease
+// 300ms) is promoted, heartbeats every 50ms and reads nothing for 700ms;
+// it still holds x then; ForceRelease ends it, and W reads ERROR 0x02
+// last. (The review of the twelfth review's fix found, over
+// TLS, W ended at its lease as it stood when the push began, as
+// io_timeout, and the ERROR lost.)
+func TestPushUnreadByAClientThatHeartbeatsKeepsTheIOTimeout(t *testing.T) {
+	const lease, ioTimeout = 300 * time.Millisecond, 5 * time.Second
+	for _, version := range []uint16{0, tls.VersionTLS12, tls.VersionTLS13} {
+		t.Run(fmt.Sprintf("TLS %x", version), func(t *testing.T) {
+			srv := &Server{IOTimeout: ioTimeout}
+			l := servePipe(t, srv)
+			h := l.dial("H")
+			defer h.Close()
+			sendAcquire(t, h, "x", time.Minute)
+			mustRead(t, h, TypeAcquired)
+			var w net.Conn
+			if version == 0 {
+				w = l.dial("W")
+			} else {
+				client, server := net.Pipe()
+				go func() {
+					l.conns <- tls.Server(namedConn{server, "W"}, &tls.Config{Certificates: []tls.Certificate{selfSigned(t)}})
+				}()
+				w = tls.Client(client, &tls.Config{InsecureSkipVerify: true, MinVersion: version, MaxVersion: version})
+			}
+			defer w.Close()
+			sendAcquire(t, w, "x", lease)
+			mustRead(t, w, TypeWaiting)
+			x := l.dial("X")
+			defer x.Close()
+			sendAcquire(t, x, "x", time.Minute)
+			mustRead(t, x, TypeWaiting)
+
+			time.Sleep(20 * time.Millisecond) // W's goroutine is back in its read: the push is another's
+			h.Close()                         // W is promoted; it reads nothing for 700ms
+			beating := make(chan error, 1)
+			go func() {
+				for end := time.Now().Add(700 * time.Millisecond); time.Now().Before(end); {
+					time.Sleep(lease / 6)
+					w.SetWriteDeadline(time.Now().Add(lease / 2))
+					if _, err := w.Write([]byte{TypeHeartbeat}); err != nil {
+						beating <- err
+						return
+					}
+				}
+				beating <- nil
+			}()
+			if err := <-beating; err != nil {
+				t.Fatalf("W's heartbeat: %v", err)
+			}
+			if got := holderOf(srv, "x"); got != "W" {
+				t.Fatalf("after 700ms of heartbeats every 50ms, its push unread, x is held by %q; want W (lease %v, io-timeout %v); releases %v",
+					got, lease, ioTimeout, srv.Stats().Releases)
+			}
+			if _, err := srv.ForceRelease("x", 0); err != nil {
+				t.Fatal(err)
+			}
+			mustRead(t, x, TypeAcquired)
+			got := readRest(w)
+			ok := len(got) > 0 && got[len(got)-1].Type == TypeError && got[len(got)-1].Code == CodeClosedByAdmin
+			for _, f := range got[:max(len(got)-1, 0)] {
+				ok = ok && f.Type == TypeAcquired // the push and answers decided before the end (over TCP the cut may drop them)
+			}
+			if !ok {
+				t.Errorf("W, force-released with its push unread, read %s; want ACQUIREDs, then ERROR 0x02 last", showFrames(got))
 			}
 		})
 	}

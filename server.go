@@ -128,6 +128,7 @@ type session struct {
 	owedWaiting, owedAcquired uint32
 	final                     error       // the final ERROR's cause, while ending
 	writing                   bool        // a goroutine has the writer's role
+	leaseWatch                *time.Timer // while another goroutine writes over TLS
 	stopped                   atomic.Bool // dropLocked ran; read without srv.mu by drainLocked only
 
 	rbuf [32]byte // read ahead; the session goroutine's own
@@ -754,6 +755,9 @@ func (s *session) drainLocked(own bool) {
 			return
 		}
 		stopped := s.stopped.Load()
+		if _, isTLS := s.conn.(*tls.Conn); isTLS && !own && (s.phase == phaseWaiting || s.phase == phaseHolding) {
+			s.watchLeaseLocked()
+		}
 		srv.mu.Unlock()
 		s.conn.SetWriteDeadline(due)
 		late := s.stopped.Load() && !stopped
@@ -763,6 +767,10 @@ func (s *session) drainLocked(own bool) {
 		}
 		cut := err != nil && isTimeout(err) && s.stopped.Load() && !stopped
 		srv.mu.Lock()
+		if s.leaseWatch != nil {
+			s.leaseWatch.Stop()
+			s.leaseWatch = nil
+		}
 		if end := frameEnd(b, n); cut && end > n && s.final != nil { // cut inside a frame, an ERROR to follow: finish it alone
 			srv.mu.Unlock()
 			s.conn.SetWriteDeadline(time.Now().Add(srv.ioTimeout()))
@@ -786,13 +794,29 @@ func (s *session) drainLocked(own bool) {
 	}
 }
 
+// watchLeaseLocked ends s at the end of its lease while another goroutine
+// writes to it over TLS, where s's read may wait inside that write (TLS
+// answers a KeyUpdate, or a bad record with an alert, after the write under
+// way), and the read's deadline with it.
+func (s *session) watchLeaseLocked() {
+	s.leaseWatch = time.AfterFunc(time.Until(s.seen.Add(s.lease)), func() {
+		srv := s.srv
+		srv.mu.Lock()
+		defer srv.mu.Unlock()
+		switch {
+		case s.leaseWatch == nil || s.phase != phaseWaiting && s.phase != phaseHolding:
+		case time.Since(s.seen) >= s.lease:
+			srv.stopLocked(s, errExpired) // and the cut fails the write
+		default:
+			s.leaseWatch.Reset(time.Until(s.seen.Add(s.lease)))
+		}
+	})
+}
+
 // takeLocked takes from the outbox what fits one write, in order: its
 // bytes (nil for none), the final ERROR's cause if they end with it, and
-// the deadline: the io-timeout, or the end of its lease if sooner, as a
-// client that neither reads nor sends is silent. Another writer keeps to
-// the io-timeout over TCP, where the lease may move meanwhile and the
-// read's deadline sees its end; not over TLS, where a read may wait inside
-// the write under way (an alert or a KeyUpdate's answer), deadline and all.
+// the deadline: the io-timeout, or on s's own goroutine the end of its
+// lease if sooner: a client that neither reads nor sends is silent.
 func (s *session) takeLocked(own bool) (b []byte, fin error, due time.Time) {
 	size := int(s.owedWaiting) + 9*int(s.owedAcquired)
 	if s.final != nil {
@@ -816,7 +840,7 @@ func (s *session) takeLocked(own bool) (b []byte, fin error, due time.Time) {
 		b, _ = Frame{Type: TypeError, Code: code, Reason: reason}.AppendBinary(b)
 	}
 	due = time.Now().Add(s.srv.ioTimeout())
-	if _, isTLS := s.conn.(*tls.Conn); (own || isTLS) && (s.phase == phaseWaiting || s.phase == phaseHolding) {
+	if own && (s.phase == phaseWaiting || s.phase == phaseHolding) { // then lease is set
 		if until := s.seen.Add(s.lease); until.Before(due) {
 			due = until
 		}

@@ -274,19 +274,27 @@ mutant shutdown-waits-past-ctx server.go 'TestShutdownDoesNotWaitForAuthorize|Te
 mutant join-ignores-lease server.go 'TestNoGrantWhenAuthorizeOutlastsTheLease' . \
   'case time.Since(read) >= s.lease:' \
   'case false:'
-# takeLocked: a writer other than the session's own keeps, over TCP, to the
-# lease taken at its start; or the session's own writer waits a full
-# io-timeout on a client that neither reads nor sends; or, over TLS, a push
-# keeps to the io-timeout while a read waits inside it (the twelfth review).
-mutant other-writer-keeps-to-the-lease server.go 'TestPushWriterKeepsToTheIOTimeout' . \
-  '(own || isTLS) && (s.phase == phaseWaiting || s.phase == phaseHolding) {' \
-  '(own || isTLS || true) && (s.phase == phaseWaiting || s.phase == phaseHolding) {'
+# takeLocked: a writer other than the session's own keeps to the lease taken
+# at its start; or the session's own writer waits a full io-timeout on a
+# client that neither reads nor sends.
+mutant other-writer-keeps-to-the-lease server.go 'TestPushWriterKeepsToTheIOTimeout|TestPushUnreadByAClientThatHeartbeatsKeepsTheIOTimeout' . \
+  'if own && (s.phase == phaseWaiting || s.phase == phaseHolding) {' \
+  'if s.phase == phaseWaiting || s.phase == phaseHolding {'
 mutant own-writer-ignores-the-lease server.go 'TestBlockedWriteEndsAtTheLease|TestClientThatNeverReadsDelaysNobody' . \
-  '(own || isTLS) && (s.phase == phaseWaiting || s.phase == phaseHolding) {' \
-  '(false && own || isTLS) && (s.phase == phaseWaiting || s.phase == phaseHolding) {'
-mutant tls-push-ignores-the-lease server.go 'TestTLSReadStuckBehindAPushEndsAtTheLease|TestKeyUpdateStuckInAReadEndsAtTheLease' . \
-  '(own || isTLS) && (s.phase == phaseWaiting || s.phase == phaseHolding) {' \
-  '(own || false && isTLS) && (s.phase == phaseWaiting || s.phase == phaseHolding) {'
+  'if own && (s.phase == phaseWaiting || s.phase == phaseHolding) {' \
+  'if false && own && (s.phase == phaseWaiting || s.phase == phaseHolding) {'
+# drainLocked, watchLeaseLocked: over TLS a push keeps the io-timeout while
+# the read waits inside it (the twelfth review); or the watch ends a
+# session that heartbeats; or it does not look again after a heartbeat.
+mutant tls-push-unwatched server.go 'TestTLSReadStuckBehindAPushEndsAtTheLease|TestKeyUpdateStuckInAReadEndsAtTheLease' . \
+  'isTLS && !own && (s.phase == phaseWaiting || s.phase == phaseHolding) {' \
+  'false && isTLS && !own && (s.phase == phaseWaiting || s.phase == phaseHolding) {'
+mutant lease-watch-ends-the-living server.go 'TestPushUnreadByAClientThatHeartbeatsKeepsTheIOTimeout' . \
+  'case time.Since(s.seen) >= s.lease:' \
+  'case true:'
+mutant lease-watch-looks-once server.go 'TestTLSReadStuckBehindAPushEndsAtTheLease|TestKeyUpdateStuckInAReadEndsAtTheLease' . \
+  '			s.leaseWatch.Reset(time.Until(s.seen.Add(s.lease)))' \
+  '			_ = 0'
 # Rule 9 (endLocked): the release is queued after the grant it allows.
 mutant release-event-after-the-grant server.go 'TestForceReleaseAndKickWaiter|TestPromotionSkipsExpiredWaiter|TestRaceHunt' . \
   $'\t\tsrv.emitLocked(Event{Type: EventReleased, Token: s.token, Held: held, Reason: reason}, s)\n\t\tif !srv.closing.Load() {\n\t\t\tsrv.promoteLocked(l)\n\t\t}\n' \
