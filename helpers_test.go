@@ -1206,27 +1206,40 @@ func handshakeTLS13(t *testing.T, conn net.Conn) (*tls.Conn, *tls13Sender) {
 	if err := c.Handshake(); err != nil {
 		t.Fatal(err)
 	}
-	s := &tls13Sender{}
-	switch suite := c.ConnectionState().CipherSuite; suite {
-	case tls.TLS_AES_128_GCM_SHA256:
-		s.newHash, s.keyLen = sha256.New, 16
-	case tls.TLS_AES_256_GCM_SHA384:
-		s.newHash, s.keyLen = sha512.New384, 32
-	default:
-		t.Skipf("cipher suite %s: the test encrypts with AES-GCM only", tls.CipherSuiteName(suite))
+	s, err := newTLS13Sender(c.ConnectionState().CipherSuite)
+	if err != nil {
+		t.Skip(err)
 	}
-	for line := range strings.Lines(keylog.String()) {
-		if f := strings.Fields(line); len(f) == 3 && f[0] == "CLIENT_TRAFFIC_SECRET_0" {
-			secret, err := hex.DecodeString(f[2])
-			if err != nil {
-				t.Fatal(err)
-			}
-			s.setSecret(secret)
-			return c, s
+	secret, err := keyLogSecret(keylog.String(), "CLIENT_TRAFFIC_SECRET_0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.setSecret(secret)
+	return c, s
+}
+
+// newTLS13Sender returns a sender for a TLS 1.3 cipher suite, without its
+// secret (setSecret), or an error unless the suite is AES-GCM, the one
+// the sender speaks.
+func newTLS13Sender(suite uint16) (*tls13Sender, error) {
+	switch suite {
+	case tls.TLS_AES_128_GCM_SHA256:
+		return &tls13Sender{newHash: sha256.New, keyLen: 16}, nil
+	case tls.TLS_AES_256_GCM_SHA384:
+		return &tls13Sender{newHash: sha512.New384, keyLen: 32}, nil
+	}
+	return nil, fmt.Errorf("cipher suite %s: the test encrypts with AES-GCM only", tls.CipherSuiteName(suite))
+}
+
+// keyLogSecret returns the secret of a key log's line with the label
+// (NSS's format: label, client random, secret).
+func keyLogSecret(keylog, label string) ([]byte, error) {
+	for line := range strings.Lines(keylog) {
+		if f := strings.Fields(line); len(f) == 3 && f[0] == label {
+			return hex.DecodeString(f[2])
 		}
 	}
-	t.Fatal("no client traffic secret in the key log")
-	return nil, nil
+	return nil, fmt.Errorf("no %s in the key log", label)
 }
 
 func (s *tls13Sender) expand(secret []byte, label string, n int) []byte {
@@ -1251,6 +1264,27 @@ func (s *tls13Sender) setSecret(secret []byte) {
 // updateKeys moves to the next traffic secret, as after sending a KeyUpdate.
 func (s *tls13Sender) updateKeys() {
 	s.setSecret(s.expand(s.secret, "traffic upd", s.newHash().Size()))
+}
+
+// open decrypts rec, a whole record sealed with the secret, as the next
+// record of the other side (a test that reads what the server wrote):
+// it returns the inner content type and the plaintext, or an error if
+// the record does not open with this secret.
+func (s *tls13Sender) open(rec []byte) (contentType byte, plain []byte, err error) {
+	nonce := bytes.Clone(s.iv)
+	for i := range 8 {
+		nonce[4+i] ^= byte(s.seq >> (56 - 8*i))
+	}
+	inner, err := s.aead.Open(nil, nonce, rec[5:], rec[:5])
+	if err != nil {
+		return 0, nil, err
+	}
+	s.seq++
+	inner = bytes.TrimRight(inner, "\x00") // padding
+	if len(inner) == 0 {
+		return 0, nil, errors.New("a record of padding only")
+	}
+	return inner[len(inner)-1], inner[:len(inner)-1], nil
 }
 
 // record seals msg as the next record of the given content type.

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"cmp"
 	"context"
+	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
@@ -17,6 +18,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"testing/synctest"
@@ -38,7 +40,7 @@ import (
 
 var (
 	huntSeeds = flag.Int("seeds", 300, "how many seeds TestRaceHunt plays")
-	huntSeed  = flag.Int("seed", -1, "the one seed TestRaceHunt plays, and TestRaceHuntOverTCP's script, when not -1")
+	huntSeed  = flag.Int("seed", -1, "the one seed TestRaceHunt plays, and TestRaceHuntOverTCP's and TestRaceHuntOverTLS's script, when not -1")
 )
 
 func TestRaceHunt(t *testing.T) {
@@ -92,6 +94,27 @@ func TestRaceHunt(t *testing.T) {
 // for any timing, so the verdict does not depend on it. A run is one
 // script (its seed is logged; -seed replays the script, not the timing).
 func TestRaceHuntOverTCP(t *testing.T) {
+	huntOverNet(t, huntNet{salt: 0x746370})
+}
+
+// huntNet is how a real-time hunt (huntOverNet) connects its clients: over
+// plain TCP (the zero value) or over TLS on it.
+type huntNet struct {
+	salt uint64      // of the run's generator, so that a seed plays another script on each
+	tls  *tls.Config // the server's, or nil for plain TCP
+	// client makes hc's end from its TCP connection raw, with what r draws
+	// (the script of play is not drawn from r); background, if not nil,
+	// runs beside play until over is closed. nil: raw itself.
+	client func(hc *huntClient, raw net.Conn, r *rand.Rand, lease time.Duration, over <-chan struct{}) (conn net.Conn, background func(), err error)
+	// plain returns the server's log as the checks read it: reads and
+	// writes in the clients' plaintext, entry for entry (the
+	// administrator's marks keep their places), and what it adds to the
+	// run's line. nil: the log itself.
+	plain func(log *probeLog, hunters []*huntClient) (*probeLog, string, error)
+}
+
+// huntOverNet is TestRaceHuntOverTCP's hunt over connections that hn makes.
+func huntOverNet(t *testing.T, hn huntNet) {
 	const (
 		clients = 60
 		steps   = 40
@@ -101,7 +124,7 @@ func TestRaceHuntOverTCP(t *testing.T) {
 	if *huntSeed >= 0 {
 		seed = uint64(*huntSeed)
 	}
-	rng := rand.New(rand.NewPCG(seed, 0x746370))
+	rng := rand.New(rand.NewPCG(seed, hn.salt))
 	var evMu sync.Mutex
 	var events []Event
 	srv := &Server{IOTimeout: 2 * lease, OnEvent: func(ev Event) {
@@ -113,7 +136,7 @@ func TestRaceHuntOverTCP(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l := &probeListener{Listener: ln}
+	l := &probeListener{Listener: ln, tls: hn.tls}
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(l) }()
 	watch := watchInvariants(srv, time.Millisecond, false)
@@ -139,13 +162,21 @@ func TestRaceHuntOverTCP(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		conn := c.(*net.TCPConn)
-		conn.SetWriteDeadline(time.Now().Add(wait))
-		hc := &huntClient{name: conn.LocalAddr().String(), overTCP: true, burst: 400, calm: 4, over: over}
+		hc := &huntClient{name: c.LocalAddr().String(), overTCP: true, burst: 400, calm: 4, over: over}
+		c.SetWriteDeadline(time.Now().Add(wait))
+		conn, background := c, (func())(nil)
+		if hn.client != nil {
+			conn, background, err = hn.client(hc, c, rand.New(rand.NewPCG(rng.Uint64(), uint64(i))), lease, over)
+			if errors.Is(err, errHuntSuite) {
+				t.Skip(err)
+			} else if err != nil {
+				t.Fatalf("seed %d: client %s: %v", seed, hc.name, err)
+			}
+		}
 		hunters[i] = hc
 		script := rand.New(rand.NewPCG(rng.Uint64(), uint64(i)))
 		var readFrom time.Duration
-		if rng.IntN(3) == 0 {
+		if rng.IntN(3) == 0 || hc.readsLate {
 			readFrom = tick(rng, 6*lease)
 			lateReaders++
 		}
@@ -160,6 +191,9 @@ func TestRaceHuntOverTCP(t *testing.T) {
 			hc.readAll(conn)
 		}()
 		go func() { defer wg.Done(); hc.play(conn, script, steps, lease) }()
+		if background != nil {
+			wg.Go(background)
+		}
 	}
 
 	admin := &huntAdmin{srv: srv, log: &l.log, r: rand.New(rand.NewPCG(rng.Uint64(), 99))}
@@ -181,14 +215,20 @@ func TestRaceHuntOverTCP(t *testing.T) {
 		t.Fatalf("Serve did not return within %v of Shutdown", wait)
 	}
 
+	log, more := &l.log, ""
+	if hn.plain != nil {
+		if log, more, err = hn.plain(log, hunters); err != nil {
+			t.Fatalf("seed %d: %v", seed, err)
+		}
+	}
 	// The requests each session read: the valid ones that end within the
 	// bytes the server read from it.
 	read := map[string]int{}
 	wrote := map[string]int{}
 	var writes, failed, partial, timeouts int
-	l.log.mu.Lock()
-	entries := l.log.entries
-	l.log.mu.Unlock()
+	log.mu.Lock()
+	entries := log.entries
+	log.mu.Unlock()
 	for _, e := range entries {
 		switch {
 		case e.what == "read":
@@ -235,16 +275,29 @@ func TestRaceHuntOverTCP(t *testing.T) {
 			}
 		}
 	}
-	if err := checkClients(hunters, admin, &l.log); err != nil {
+	if err := checkClients(hunters, admin, log, hn.tls != nil); err != nil {
 		t.Errorf("seed %d: %v", seed, err)
+	}
+	if hn.tls != nil {
+		// Over TLS a cut breaks the connection for good: the server cuts
+		// no write when an ERROR is to follow, as after an administrator's
+		// call; nor can anything cut it later, once the session is ending.
+		for _, st := range admin.stops {
+			l.mu.Lock()
+			c := l.conns[st.remote]
+			l.mu.Unlock()
+			if n := c.cuts.Load(); n > 0 {
+				t.Errorf("seed %d: client %s: over TLS, %d writes cut on a session that %s ended (its ERROR 0x02 is lost); it received %s", seed, st.remote, n, st.call, byName(hunters, st.remote).frames())
+			}
+		}
 	}
 	evMu.Lock()
 	defer evMu.Unlock()
 	if err := checkEvents(events, admin.forced); err != nil {
 		t.Errorf("seed %d: %v", seed, err)
 	}
-	t.Logf("seed %d: %d clients (%d read late); %d events, %d sessions ended by the administrator (%d force-releases); the server wrote %d times, %d failed (%d timed out, %d part-way); %d streams lost bytes the server wrote (%d cut inside a frame); %d ended by the client's own ERROR",
-		seed, clients, lateReaders, len(events), len(admin.stops), len(admin.forced), writes, failed, timeouts, partial, lost, cut, own)
+	t.Logf("seed %d: %d clients (%d read late%s); %d events, %d sessions ended by the administrator (%d force-releases); the server wrote %d times, %d blocked for 20ms or more, %d failed (%d timed out, %d part-way); %d streams lost bytes the server wrote (%d cut inside a frame); %d ended by the client's own ERROR",
+		seed, clients, lateReaders, more, len(events), len(admin.stops), len(admin.forced), writes, l.blocked.Load(), failed, timeouts, partial, lost, cut, own)
 }
 
 // setReceiveBuffer sets a socket's SO_RCVBUF, where the platform has it
@@ -252,10 +305,15 @@ func TestRaceHuntOverTCP(t *testing.T) {
 var setReceiveBuffer func(fd uintptr, n int) error
 
 // probeListener hands the server probeConns over TCP, with the least send
-// buffer the kernel allows.
+// buffer the kernel allows; with tls set, each under a TLS server
+// connection, so that the log sees the ciphertext.
 type probeListener struct {
 	net.Listener
-	log probeLog
+	log     probeLog
+	tls     *tls.Config
+	blocked atomic.Int64 // see timedConn
+	mu      sync.Mutex
+	conns   map[string]*timedConn // by name
 }
 
 func (l *probeListener) Accept() (net.Conn, error) {
@@ -264,7 +322,44 @@ func (l *probeListener) Accept() (net.Conn, error) {
 		return nil, err
 	}
 	c.(*net.TCPConn).SetWriteBuffer(1)
-	return &probeConn{Conn: c, name: c.RemoteAddr().String(), log: &l.log}, nil
+	tc := &timedConn{Conn: c, blocked: &l.blocked}
+	pc := &probeConn{Conn: tc, name: c.RemoteAddr().String(), log: &l.log}
+	l.mu.Lock()
+	if l.conns == nil {
+		l.conns = map[string]*timedConn{}
+	}
+	l.conns[pc.name] = tc
+	l.mu.Unlock()
+	if l.tls != nil {
+		return tls.Server(pc, l.tls), nil
+	}
+	return pc, nil
+}
+
+// timedConn counts the writes that were blocked, on a client that does
+// not read, for 20ms or more (in blocked, shared), and the cuts: write
+// deadlines set long past (a deadline that has just passed is not one).
+type timedConn struct {
+	net.Conn
+	blocked *atomic.Int64
+	cuts    atomic.Int64
+}
+
+func (c *timedConn) SetWriteDeadline(t time.Time) error {
+	if !t.IsZero() && t.Before(time.Now().Add(-time.Hour)) {
+		c.cuts.Add(1)
+	}
+	return c.Conn.SetWriteDeadline(t)
+}
+
+func (c *timedConn) Write(b []byte) (int, error) {
+	start := time.Now()
+	defer func() {
+		if time.Since(start) >= 20*time.Millisecond {
+			c.blocked.Add(1)
+		}
+	}()
+	return c.Conn.Write(b)
 }
 
 type huntConfig struct {
@@ -310,6 +405,11 @@ type huntClient struct {
 	broke   bool            // it sent a byte that ends the session: no later request counts
 	sent    int
 	ends    []int
+
+	// Over TLS, records arrive whole or not at all, and the server writes
+	// whole frames in a record: the stream cannot end inside a frame.
+	tls       *huntTLSConn
+	readsLate bool // made a late reader by huntNet.client (a flooder over TLS)
 }
 
 // play runs the configuration in a bubble of its own. It reports through
@@ -364,7 +464,7 @@ func (c huntConfig) bubble() error {
 	if err := <-served; err != ErrServerClosed {
 		return fmt.Errorf("Serve returned %v", err)
 	}
-	if err := checkClients(clients, admin, &l.log); err != nil {
+	if err := checkClients(clients, admin, &l.log, false); err != nil {
 		return err
 	}
 	evMu.Lock()
@@ -378,8 +478,9 @@ func (c huntConfig) bubble() error {
 // checkClients holds each client's stream to the grammar (check), the
 // server's writes to one writer at a time, and the server's writes to each
 // session an administrator ended to "nothing but the final ERROR after the
-// call returned".
-func checkClients(clients []*huntClient, admin *huntAdmin, log *probeLog) error {
+// call returned" (overTLS: and one write of answers taken before it, see
+// tlsWritesAfterStop).
+func checkClients(clients []*huntClient, admin *huntAdmin, log *probeLog, overTLS bool) error {
 	log.mu.Lock()
 	for _, e := range log.entries {
 		if e.what == overlappingWrite {
@@ -395,7 +496,11 @@ func checkClients(clients []*huntClient, admin *huntAdmin, log *probeLog) error 
 	}
 	for _, st := range admin.stops {
 		// Its final ERROR is 0x02, or the code of the end it was already on.
-		if late := writesAfterStop(log, st.mark, st.remote, 0); len(late) > 0 {
+		late := writesAfterStop(log, st.mark, st.remote, 0)
+		if overTLS {
+			late = tlsWritesAfterStop(log, st.mark, st.remote)
+		}
+		if len(late) > 0 {
 			return fmt.Errorf("client %s: written to after %s returned: %v; it received %s", st.remote, st.call, late, byName(clients, st.remote).frames())
 		}
 	}
@@ -656,7 +761,8 @@ func (hc *huntClient) readAll(conn net.Conn) {
 // Over TCP two of these cannot be held, and check says which (overTCP):
 // the stream may end inside a frame (a write that failed part-way, or the
 // close's reset discarding what the kernel had not delivered to a client
-// that did not read), and answers owed when another party ended the
+// that did not read; not over TLS, whose records hold whole frames and
+// reach the client whole or not at all), and answers owed when another party ended the
 // session (an administrator, the shutdown, a failed write) or it expired
 // are dropped, any number of them, not just the one a script over a pipe
 // can have in flight. Only an ERROR for the client's own mistake (a code
@@ -669,7 +775,7 @@ func (hc *huntClient) check() error {
 	acquired, failed := false, false
 	for r := bytes.NewReader(hc.received); r.Len() > 0; {
 		f, err := ReadFrame(r)
-		if hc.overTCP && errors.Is(err, io.ErrUnexpectedEOF) {
+		if hc.overTCP && hc.tls == nil && errors.Is(err, io.ErrUnexpectedEOF) {
 			break // a tail the close lost; nothing can follow it
 		}
 		if err != nil {
