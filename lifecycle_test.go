@@ -3457,7 +3457,10 @@ func TestTLSReadStuckBehindAPushEndsAtTheLease(t *testing.T) {
 }
 
 // A client that heartbeats is alive, whether or not it reads: a push it
-// leaves unread has the io-timeout, over TCP and TLS alike, and an
+// leaves unread has the io-timeout, over TCP and TLS alike (over TLS as
+// long as the server's read need not write: a KeyUpdate's answer waits
+// behind the push, the heartbeats behind it, and the session ends at its
+// lease, as in TestTLSReadStuckBehindAPushEndsAtTheLease), and an
 // administrator's ERROR follows it when the client reads at last. W (lease
 // 300ms) is promoted, heartbeats every 50ms and reads nothing for 700ms;
 // it still holds x then; ForceRelease ends it, and W reads ERROR 0x02
@@ -3524,6 +3527,126 @@ func TestPushUnreadByAClientThatHeartbeatsKeepsTheIOTimeout(t *testing.T) {
 			}
 			if !ok {
 				t.Errorf("W, force-released with its push unread, read %s; want ACQUIREDs, then ERROR 0x02 last", showFrames(got))
+			}
+		})
+	}
+}
+
+// The TLS lease watch under load: W is promoted over TLS and reads its
+// frames slowly while it heartbeats every lease/4; the pusher's writes
+// arm, stop and re-arm the watch all the time. A client that heartbeats
+// on time must never be ended, and nothing may be counted expired. (From
+// the review of the watch; it held.)
+func TestLeaseWatchKeepsASlowReaderThatHeartbeats(t *testing.T) {
+	const lease, ioTimeout = 40 * time.Millisecond, 5 * time.Second
+	for _, version := range []uint16{tls.VersionTLS12, tls.VersionTLS13} {
+		t.Run(fmt.Sprintf("TLS %x", version), func(t *testing.T) {
+			srv := &Server{IOTimeout: ioTimeout}
+			l := servePipe(t, srv)
+			h := l.dial("H")
+			defer h.Close()
+			sendAcquire(t, h, "x", time.Minute)
+			mustRead(t, h, TypeAcquired)
+			client, server := net.Pipe()
+			go func() {
+				l.conns <- tls.Server(namedConn{server, "W"}, &tls.Config{Certificates: []tls.Certificate{selfSigned(t)}})
+			}()
+			w := tls.Client(client, &tls.Config{InsecureSkipVerify: true, MinVersion: version, MaxVersion: version})
+			defer w.Close()
+			sendAcquire(t, w, "x", lease)
+			mustRead(t, w, TypeWaiting)
+			x := l.dial("X")
+			defer x.Close()
+			sendAcquire(t, x, "x", time.Minute)
+			mustRead(t, x, TypeWaiting)
+			time.Sleep(10 * time.Millisecond)
+
+			var readErr atomic.Value
+			var frames atomic.Int64
+			go func() { // a slow reader: a frame, then a pause of up to 3ms
+				for i := 0; ; i++ {
+					w.SetReadDeadline(time.Now().Add(wait))
+					f, err := ReadFrame(w)
+					if err != nil {
+						readErr.Store(err)
+						return
+					}
+					if f.Type != TypeAcquired && f.Type != TypeWaiting {
+						readErr.Store(fmt.Errorf("frame %+v", f))
+						return
+					}
+					frames.Add(1)
+					time.Sleep(time.Duration(i%4) * time.Millisecond)
+				}
+			}()
+			h.Close()
+			start := time.Now()
+			for time.Since(start) < 1500*time.Millisecond {
+				time.Sleep(lease / 5)
+				client.SetWriteDeadline(time.Now().Add(lease))
+				if _, err := w.Write([]byte{TypeHeartbeat, TypeHeartbeat}); err != nil {
+					t.Fatalf("W's heartbeat after %v: %v (read: %v, frames %d, releases %v)", time.Since(start), err, readErr.Load(), frames.Load(), srv.Stats().Releases)
+				}
+			}
+			if got := holderOf(srv, "x"); got != "W" {
+				t.Fatalf("x held by %q, want W; releases %v, read err %v, frames %d", got, srv.Stats().Releases, readErr.Load(), frames.Load())
+			}
+			if n := srv.Stats().Releases[ReasonExpired]; n != 0 {
+				t.Fatalf("%d expired", n)
+			}
+			t.Logf("frames read by W: %d", frames.Load())
+		})
+	}
+}
+
+// Close and Shutdown while W's push is blocked over TLS with the lease
+// watch armed (W's lease 300ms, io-timeout 5s): Shutdown is bounded by its
+// ctx, and afterwards no goroutine of the server is left, nor does the
+// watch's timer, firing after the end, change any count.
+func TestCloseWithTheLeaseWatchArmed(t *testing.T) {
+	for _, shutdown := range []bool{false, true} {
+		t.Run(fmt.Sprintf("shutdown %v", shutdown), func(t *testing.T) {
+			const lease = 300 * time.Millisecond
+			base := runtime.NumGoroutine()
+			srv := &Server{IOTimeout: 5 * time.Second}
+			l := newPipeListener()
+			go srv.Serve(l)
+			h := l.dial("H")
+			defer h.Close()
+			sendAcquire(t, h, "x", time.Minute)
+			mustRead(t, h, TypeAcquired)
+			client, server := net.Pipe()
+			go func() {
+				l.conns <- tls.Server(namedConn{server, "W"}, &tls.Config{Certificates: []tls.Certificate{selfSigned(t)}})
+			}()
+			w := tls.Client(client, &tls.Config{InsecureSkipVerify: true})
+			defer w.Close()
+			sendAcquire(t, w, "x", lease)
+			mustRead(t, w, TypeWaiting)
+			time.Sleep(20 * time.Millisecond)
+			h.Close() // W's push blocks: W does not read
+			time.Sleep(50 * time.Millisecond)
+			before := srv.Stats()
+			start := time.Now()
+			if shutdown {
+				ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+				srv.Shutdown(ctx)
+				cancel()
+			} else {
+				srv.Close()
+			}
+			t.Logf("returned after %v", time.Since(start))
+			time.Sleep(2 * lease) // any watch would have fired by now
+			after := srv.Stats()
+			if after.Releases[ReasonExpired] != before.Releases[ReasonExpired] || after.Connections != 0 {
+				t.Errorf("before %+v\nafter %+v", before, after)
+			}
+			w.Close()
+			client.Close()
+			time.Sleep(50 * time.Millisecond)
+			if n := runtime.NumGoroutine(); n > base+1 {
+				buf := make([]byte, 1<<16)
+				t.Errorf("%d goroutines, %d before: %s", n, base, buf[:runtime.Stack(buf, true)])
 			}
 		})
 	}
