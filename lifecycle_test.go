@@ -3960,6 +3960,79 @@ func TestCutInsideAFrameFinishesItBeforeTheFinalError(t *testing.T) {
 	}
 }
 
+// A write that crypto/tls makes inside the server's read (the answer to a
+// KeyUpdate, an alert for a record that does not open) has no moment the
+// server can see begin, so the io-timeout cannot bound it: it has the
+// session's lease end as its deadline, set when the writer left its role
+// (README, Differences). A holder W (lease 1s, io-timeout 300ms) that
+// provokes one and stops reading is closed at its lease, as a silent
+// client is; a HEARTBEAT's answer, the server's own write, at the
+// io-timeout. (The thirteenth review found the read-path writes bounded by
+// the lease, not the io-timeout; the deadline's absence would hold W for
+// good.)
+func TestTLSReadPathWriteEndsAtTheLease(t *testing.T) {
+	const lease, ioTimeout = time.Second, 300 * time.Millisecond
+	for _, tc := range []struct {
+		name  string
+		bound time.Duration
+	}{{"heartbeat", ioTimeout}, {"keyupdate", lease}, {"badrecord", lease}, {"badrecord TLS1.2", lease}} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := &Server{IOTimeout: ioTimeout}
+			l := servePipe(t, srv)
+			client, server := net.Pipe()
+			defer client.Close()
+			go func() {
+				l.conns <- tls.Server(namedConn{server, "W"}, &tls.Config{Certificates: []tls.Certificate{selfSigned(t)}})
+			}()
+			var w net.Conn
+			var s *tls13Sender
+			if tc.name == "badrecord TLS1.2" {
+				c := tls.Client(client, &tls.Config{InsecureSkipVerify: true, MaxVersion: tls.VersionTLS12})
+				c.SetDeadline(time.Now().Add(wait))
+				if err := c.Handshake(); err != nil {
+					t.Fatal(err)
+				}
+				w = c
+			} else {
+				w, s = handshakeTLS13(t, client)
+			}
+			sendAcquire(t, w, "x", lease)
+			if s != nil {
+				s.seq = 1 // the ACQUIRE was the first record
+			}
+			mustRead(t, w, TypeAcquired)
+			x := l.dial("X")
+			defer x.Close()
+			sendAcquire(t, x, "x", time.Minute)
+			mustRead(t, x, TypeWaiting)
+
+			sent := time.Now()
+			client.SetWriteDeadline(time.Now().Add(wait))
+			var err error
+			switch tc.name {
+			case "heartbeat":
+				_, err = w.Write([]byte{TypeHeartbeat})
+			case "keyupdate": // update_requested
+				_, err = client.Write(s.record(22, []byte{24, 0, 0, 1, 1}))
+			case "badrecord":
+				rec := s.record(23, []byte{TypeHeartbeat})
+				rec[len(rec)-1] ^= 1
+				_, err = client.Write(rec)
+			default:
+				_, err = client.Write(append([]byte{23, 3, 3, 0, 40}, make([]byte, 40)...))
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			x.SetReadDeadline(sent.Add(tc.bound + overrun)) // W reads nothing from now on
+			if f, err := ReadFrame(x); err != nil || f.Type != TypeAcquired {
+				t.Errorf("X read %+v, %v %v after W's last send, W no longer reading; want ACQUIRED within %v (lease %v, io-timeout %v) and %v for this machine",
+					f, err, time.Since(sent), tc.bound, lease, ioTimeout, overrun)
+			}
+		})
+	}
+}
+
 // A TLS 1.3 waiter that asks for a KeyUpdate and then neither reads nor
 // sends holds its session's read inside the update's answer, which waits
 // for the write under way once W is promoted: its push. The push, like

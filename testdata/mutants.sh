@@ -184,6 +184,11 @@ mutant tls-cut-before-the-final-error server.go 'TestForceReleaseJustBeforeAWrit
 mutant tls-read-meets-a-stale-write-deadline server.go 'TestTLS13KeyUpdateKeepsTheSession' . \
   's.conn.SetWriteDeadline(s.seen.Add(s.lease))' \
   '_ = s.seen'
+# drainLocked: over TLS a write made inside the read has no deadline, and a
+# client that provokes one and stops reading holds its lock for good.
+mutant tls-read-path-write-unbounded server.go 'TestTLSReadPathWriteEndsAtTheLease' . \
+  's.conn.SetWriteDeadline(s.seen.Add(s.lease))' \
+  's.conn.SetWriteDeadline(time.Time{})'
 # drainLocked: a write cut before its first byte loses the final ERROR it
 # carried; or a write that timed out at its own deadline is taken for a cut
 # (the session lives on).
