@@ -4075,3 +4075,47 @@ func TestKeyUpdateStuckInAReadEndsAtTheLease(t *testing.T) {
 		t.Errorf("X granted %v after W's push, W silent since its KeyUpdate; want at W's lease's end, %v later (and %v for this machine); the io-timeout is %v", d, lease/2, overrun, ioTimeout)
 	}
 }
+
+// Shutdown while a TLS 1.2 or 1.3 session's ACQUIRE is half read sends
+// ERROR 0x01 and nothing else, and returns at once (from the thirteenth
+// review, where it held).
+func TestShutdownDuringAHalfReadAcquireOverTLS(t *testing.T) {
+	for _, v := range []uint16{tls.VersionTLS12, tls.VersionTLS13} {
+		t.Run(tls.VersionName(v), func(t *testing.T) {
+			srv := &Server{IOTimeout: 3 * time.Second}
+			l := servePipe(t, srv)
+			client, server := net.Pipe()
+			defer client.Close()
+			go func() {
+				l.conns <- tls.Server(namedConn{server, "W"}, &tls.Config{Certificates: []tls.Certificate{selfSigned(t)}})
+			}()
+			w := tls.Client(client, &tls.Config{InsecureSkipVerify: true, MinVersion: v, MaxVersion: v})
+			w.SetDeadline(time.Now().Add(wait))
+			if err := w.Handshake(); err != nil {
+				t.Fatal(err)
+			}
+			b, _ := acquire("x", time.Minute).AppendBinary(nil)
+			if _, err := w.Write(b[:3]); err != nil {
+				t.Fatal(err)
+			}
+			waitFor(t, "the session to be counted", func() bool { return srv.Stats().Connections == 1 })
+			time.Sleep(50 * time.Millisecond)
+			start := time.Now()
+			done := make(chan error, 1)
+			go func() { done <- srv.Shutdown(context.Background()) }()
+			f, err := ReadFrame(w)
+			if err != nil || f.Type != TypeError || f.Code != CodeShuttingDown {
+				t.Fatalf("got %+v, %v; want ERROR 0x01", f, err)
+			}
+			if f, err := ReadFrame(w); err == nil {
+				t.Fatalf("after the ERROR: %+v", f)
+			}
+			if err := <-done; err != nil {
+				t.Fatal(err)
+			}
+			if d := time.Since(start); d > time.Second {
+				t.Errorf("Shutdown took %v", d)
+			}
+		})
+	}
+}
