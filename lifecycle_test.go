@@ -3581,7 +3581,7 @@ func TestLeaseWatchKeepsASlowReaderThatHeartbeats(t *testing.T) {
 			}()
 			h.Close()
 			start := time.Now()
-			for time.Since(start) < 1500*time.Millisecond {
+			for time.Since(start) < 600*time.Millisecond { // 15 leases
 				time.Sleep(lease / 5)
 				client.SetWriteDeadline(time.Now().Add(lease))
 				if _, err := w.Write([]byte{TypeHeartbeat, TypeHeartbeat}); err != nil {
@@ -3964,14 +3964,14 @@ func TestCutInsideAFrameFinishesItBeforeTheFinalError(t *testing.T) {
 // KeyUpdate, an alert for a record that does not open) has no moment the
 // server can see begin, so the io-timeout cannot bound it: it has the
 // session's lease end as its deadline, set when the writer left its role
-// (README, Differences). A holder W (lease 1s, io-timeout 300ms) that
+// (README, Differences). A holder W (lease 500ms, io-timeout 100ms) that
 // provokes one and stops reading is closed at its lease, as a silent
 // client is; a HEARTBEAT's answer, the server's own write, at the
 // io-timeout. (The thirteenth review found the read-path writes bounded by
 // the lease, not the io-timeout; the deadline's absence would hold W for
 // good.)
 func TestTLSReadPathWriteEndsAtTheLease(t *testing.T) {
-	const lease, ioTimeout = time.Second, 300 * time.Millisecond
+	const lease, ioTimeout = 500 * time.Millisecond, 100 * time.Millisecond
 	for _, tc := range []struct {
 		name  string
 		bound time.Duration
