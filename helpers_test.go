@@ -611,6 +611,19 @@ func (l *pipeListener) dial(remote string) net.Conn {
 	return client
 }
 
+// acceptTLS has the server accept server, its end of a pipe, under TLS
+// with a self-signed certificate.
+func (l *pipeListener) acceptTLS(t *testing.T, server net.Conn) {
+	cfg := &tls.Config{Certificates: []tls.Certificate{selfSigned(t)}}
+	go func() {
+		select {
+		case l.conns <- tls.Server(server, cfg):
+		case <-l.done:
+			server.Close()
+		}
+	}()
+}
+
 func (l *pipeListener) Accept() (net.Conn, error) {
 	select {
 	case c := <-l.conns:

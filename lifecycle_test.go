@@ -3286,7 +3286,7 @@ func TestPushBegunAtALeaseEndIsCutTLS(t *testing.T) {
 	hc := &writeHookConn{Conn: server, remote: "W"}
 	w := tls.Client(client, &tls.Config{InsecureSkipVerify: true})
 	defer w.Close()
-	go func() { l.conns <- tls.Server(hc, &tls.Config{Certificates: []tls.Certificate{selfSigned(t)}}) }()
+	l.acceptTLS(t, hc)
 	sendAcquire(t, w, "x", time.Second)
 	mustRead(t, w, TypeWaiting)
 	x := l.dial("X")
@@ -3398,7 +3398,7 @@ func TestTLSReadStuckBehindAPushEndsAtTheLease(t *testing.T) {
 			}
 			w := tls.Client(client, &tls.Config{InsecureSkipVerify: true, MaxVersion: tc.version})
 			defer w.Close()
-			go func() { l.conns <- tls.Server(hc, &tls.Config{Certificates: []tls.Certificate{selfSigned(t)}}) }()
+			l.acceptTLS(t, hc)
 			wLease := lease
 			if tc.admin {
 				wLease = time.Minute
@@ -3482,9 +3482,7 @@ func TestPushUnreadByAClientThatHeartbeatsKeepsTheIOTimeout(t *testing.T) {
 				w = l.dial("W")
 			} else {
 				client, server := net.Pipe()
-				go func() {
-					l.conns <- tls.Server(namedConn{server, "W"}, &tls.Config{Certificates: []tls.Certificate{selfSigned(t)}})
-				}()
+				l.acceptTLS(t, namedConn{server, "W"})
 				w = tls.Client(client, &tls.Config{InsecureSkipVerify: true, MinVersion: version, MaxVersion: version})
 			}
 			defer w.Close()
@@ -3548,9 +3546,7 @@ func TestLeaseWatchKeepsASlowReaderThatHeartbeats(t *testing.T) {
 			sendAcquire(t, h, "x", time.Minute)
 			mustRead(t, h, TypeAcquired)
 			client, server := net.Pipe()
-			go func() {
-				l.conns <- tls.Server(namedConn{server, "W"}, &tls.Config{Certificates: []tls.Certificate{selfSigned(t)}})
-			}()
+			l.acceptTLS(t, namedConn{server, "W"})
 			w := tls.Client(client, &tls.Config{InsecureSkipVerify: true, MinVersion: version, MaxVersion: version})
 			defer w.Close()
 			sendAcquire(t, w, "x", lease)
@@ -3616,9 +3612,7 @@ func TestCloseWithTheLeaseWatchArmed(t *testing.T) {
 			sendAcquire(t, h, "x", time.Minute)
 			mustRead(t, h, TypeAcquired)
 			client, server := net.Pipe()
-			go func() {
-				l.conns <- tls.Server(namedConn{server, "W"}, &tls.Config{Certificates: []tls.Certificate{selfSigned(t)}})
-			}()
+			l.acceptTLS(t, namedConn{server, "W"})
 			w := tls.Client(client, &tls.Config{InsecureSkipVerify: true})
 			defer w.Close()
 			sendAcquire(t, w, "x", lease)
@@ -3981,9 +3975,7 @@ func TestTLSReadPathWriteEndsAtTheLease(t *testing.T) {
 			l := servePipe(t, srv)
 			client, server := net.Pipe()
 			defer client.Close()
-			go func() {
-				l.conns <- tls.Server(namedConn{server, "W"}, &tls.Config{Certificates: []tls.Certificate{selfSigned(t)}})
-			}()
+			l.acceptTLS(t, namedConn{server, "W"})
 			var w net.Conn
 			var s *tls13Sender
 			if tc.name == "badrecord TLS1.2" {
@@ -4051,9 +4043,7 @@ func TestKeyUpdateStuckInAReadEndsAtTheLease(t *testing.T) {
 
 	client, server := net.Pipe()
 	defer client.Close()
-	go func() {
-		l.conns <- tls.Server(namedConn{server, "W"}, &tls.Config{Certificates: []tls.Certificate{selfSigned(t)}})
-	}()
+	l.acceptTLS(t, namedConn{server, "W"})
 	w, s := handshakeTLS13(t, client)
 	sendAcquire(t, w, "x", lease)
 	s.seq = 1 // the ACQUIRE was the first record
@@ -4086,9 +4076,7 @@ func TestShutdownDuringAHalfReadAcquireOverTLS(t *testing.T) {
 			l := servePipe(t, srv)
 			client, server := net.Pipe()
 			defer client.Close()
-			go func() {
-				l.conns <- tls.Server(namedConn{server, "W"}, &tls.Config{Certificates: []tls.Certificate{selfSigned(t)}})
-			}()
+			l.acceptTLS(t, namedConn{server, "W"})
 			w := tls.Client(client, &tls.Config{InsecureSkipVerify: true, MinVersion: v, MaxVersion: v})
 			w.SetDeadline(time.Now().Add(wait))
 			if err := w.Handshake(); err != nil {
