@@ -381,6 +381,41 @@ func TestHeartbeatFloodChild(t *testing.T) {
 	select {}
 }
 
+// The flood's pause follows a read of more than one byte while the session
+// waits or holds, not the read that carries the ACQUIRE (docs/protocol.md
+// §6): HEARTBEATs right after that read are answered at once, so that a
+// holder's release is seen at once too; after a 32-byte read of
+// HEARTBEATs the next 32 wait 32ms. (The fourteenth review found the
+// ACQUIRE's read without the pause the page then promised for every read.)
+func TestFloodPauseFollowsReadsWhileWaitingOrHolding(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		srv := &Server{}
+		l := newPipeListener()
+		served := make(chan error, 1)
+		go func() { served <- srv.Serve(l) }()
+		defer srv.Close()
+		c := l.dial("c")
+		w := watch("c", c)
+		first, _ := acquire("x", time.Minute).AppendBinary(nil)
+		beats := 32 - len(first)
+		sendRaw(t, c, append(first, bytes.Repeat([]byte{TypeHeartbeat}, beats)...)) // one 32-byte read
+		for range beats + 1 {
+			w.next(t, TypeAcquired)
+		}
+		for i, want := range []time.Duration{0, 32 * floodPause} {
+			start := time.Now()
+			sendRaw(t, c, bytes.Repeat([]byte{TypeHeartbeat}, 32))
+			for range 32 {
+				w.next(t, TypeAcquired)
+			}
+			if d := time.Since(start); d != want {
+				t.Errorf("32 HEARTBEATs after the %s answered after %v; want %v", []string{"ACQUIRE's 32-byte read", "32-byte read of HEARTBEATs"}[i], d, want)
+			}
+		}
+		shutdownNow(t, srv, served)
+	})
+}
+
 // Section 6: a session is closed at lastSeenAt + lease, and a lock it held
 // goes to the next waiter at once. The flood pause after a read of many
 // heartbeats (1 ms a byte) must not outlive the lease: a holder with a
