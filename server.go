@@ -31,9 +31,9 @@ import (
 //  4. endLocked is the only way out of the table; dropLocked, called by it
 //     and by stopLocked for another party's end, drops what was decided and
 //     not yet taken, unless the session's own bad frame ended it.
-//  5. After a drop no write begins but the final ERROR and the rest of a
-//     cut frame: dropLocked sets a past write deadline, and drainLocked
-//     checks stopped after its own.
+//  5. After a drop no write begins but the final ERROR and, before it, the
+//     rest of a cut frame: dropLocked sets a past write deadline, and
+//     drainLocked checks stopped after its own.
 //  6. heartbeatLocked decides one read's bytes together, in the critical
 //     section that ends the session if one is bad.
 //  7. promoteLocked grants only a waiter whose lease has not passed.
