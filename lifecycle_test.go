@@ -4098,8 +4098,13 @@ func TestShutdownDuringAHalfReadAcquireOverTLS(t *testing.T) {
 			if f, err := ReadFrame(w); err == nil {
 				t.Fatalf("after the ERROR: %+v", f)
 			}
-			if err := <-done; err != nil {
-				t.Fatal(err)
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Fatal(err)
+				}
+			case <-time.After(wait):
+				t.Fatalf("Shutdown did not return within %v (io-timeout 3s)", wait)
 			}
 			if d := time.Since(start); d > time.Second {
 				t.Errorf("Shutdown took %v", d)
