@@ -111,6 +111,7 @@ const (
 type session struct {
 	srv      *Server
 	conn     net.Conn
+	tls      *tls.Conn // conn over TLS, else nil
 	remote   string
 	identity string        // from the client's certificate, set after the handshake
 	name     string        // set before the session joins the table
@@ -134,6 +135,9 @@ type session struct {
 	rbuf [32]byte // read ahead; the session goroutine's own
 	r, w uint8    // the unread part of rbuf
 }
+
+// live: s is in the table, so its lease is set.
+func (s *session) live() bool { return s.phase == phaseWaiting || s.phase == phaseHolding }
 
 func (srv *Server) ioTimeout() time.Duration {
 	if srv.IOTimeout > 0 {
@@ -219,7 +223,7 @@ func (srv *Server) Serve(l net.Listener) error {
 
 func (srv *Server) start(conn net.Conn) {
 	s := &session{srv: srv, conn: conn, remote: conn.RemoteAddr().String()}
-	if _, ok := conn.(*tls.Conn); !ok {
+	if s.tls, _ = conn.(*tls.Conn); s.tls == nil {
 		s.phase = phaseConnected
 	}
 	srv.mu.Lock()
@@ -320,8 +324,8 @@ const (
 // goroutine: Go does not shrink the stack the deeper first frame grew
 // while it waits in a read, so an idle session keeps 2 KiB, not 4.
 func (s *session) serve() {
-	if tc, ok := s.conn.(*tls.Conn); ok {
-		if err := s.handshake(tc); err != nil {
+	if s.tls != nil {
+		if err := s.handshake(); err != nil {
 			s.end(err)
 			return
 		}
@@ -337,10 +341,10 @@ func (s *session) serve() {
 
 // handshake is explicit so that a client stalling it meets the io-timeout,
 // and the identity is known before the first frame.
-func (s *session) handshake(tc *tls.Conn) error {
+func (s *session) handshake() error {
 	srv := s.srv
-	tc.SetDeadline(time.Now().Add(srv.ioTimeout()))
-	err := tc.Handshake()
+	s.tls.SetDeadline(time.Now().Add(srv.ioTimeout()))
+	err := s.tls.Handshake()
 	srv.mu.Lock()
 	failed := err != nil && s.phase < phaseEnding // not for a Shutdown's close
 	if failed {
@@ -355,7 +359,7 @@ func (s *session) handshake(tc *tls.Conn) error {
 	if err != nil {
 		return fmt.Errorf("TLS handshake: %w", err)
 	}
-	s.identity = Identity(tc.ConnectionState())
+	s.identity = Identity(s.tls.ConnectionState())
 	return nil
 }
 
@@ -662,7 +666,7 @@ func (srv *Server) stopLocked(s *session, why error) {
 func (s *session) dropLocked() {
 	s.owedWaiting, s.owedAcquired = 0, 0
 	s.stopped.Store(true)
-	if _, isTLS := s.conn.(*tls.Conn); s.writing && (!isTLS || s.final == nil) {
+	if s.writing && (s.tls == nil || s.final == nil) {
 		s.conn.SetWriteDeadline(time.Unix(1, 0))
 	}
 }
@@ -744,7 +748,7 @@ func (s *session) drainLocked(own bool) {
 			if closing {
 				s.phase = phaseClosed
 				delete(srv.sessions, s)
-			} else if _, isTLS := s.conn.(*tls.Conn); isTLS && (s.phase == phaseWaiting || s.phase == phaseHolding) {
+			} else if s.tls != nil && s.live() {
 				// A read may write (a TLS 1.3 KeyUpdate's answer): as long as the read waits.
 				s.conn.SetWriteDeadline(s.seen.Add(s.lease))
 			}
@@ -755,7 +759,7 @@ func (s *session) drainLocked(own bool) {
 			return
 		}
 		stopped := s.stopped.Load()
-		if _, isTLS := s.conn.(*tls.Conn); isTLS && !own && (s.phase == phaseWaiting || s.phase == phaseHolding) {
+		if s.tls != nil && !own && s.live() {
 			s.watchLeaseLocked()
 		}
 		srv.mu.Unlock()
@@ -784,8 +788,7 @@ func (s *session) drainLocked(own bool) {
 		case cut: // the stream is whole: a final ERROR in b is owed again
 			s.final = cmp.Or(s.final, fin)
 		case err != nil:
-			alive := s.phase == phaseWaiting || s.phase == phaseHolding // then lease is set
-			if isTimeout(err) && alive && time.Since(s.seen) >= s.lease {
+			if isTimeout(err) && s.live() && time.Since(s.seen) >= s.lease {
 				err = errExpired
 			}
 			srv.stopLocked(s, err)
@@ -804,7 +807,7 @@ func (s *session) watchLeaseLocked() {
 		srv.mu.Lock()
 		defer srv.mu.Unlock()
 		switch {
-		case s.leaseWatch == nil || s.phase != phaseWaiting && s.phase != phaseHolding:
+		case s.leaseWatch == nil || !s.live():
 		case time.Since(s.seen) >= s.lease:
 			srv.stopLocked(s, errExpired) // and the cut fails the write
 		default:
@@ -840,7 +843,7 @@ func (s *session) takeLocked(own bool) (b []byte, fin error, due time.Time) {
 		b, _ = Frame{Type: TypeError, Code: code, Reason: reason}.AppendBinary(b)
 	}
 	due = time.Now().Add(s.srv.ioTimeout())
-	if own && (s.phase == phaseWaiting || s.phase == phaseHolding) { // then lease is set
+	if own && s.live() {
 		if until := s.seen.Add(s.lease); until.Before(due) {
 			due = until
 		}

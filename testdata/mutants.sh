@@ -167,13 +167,13 @@ mutant drain-checks-stop-before-deadline server.go 'TestNoHeartbeatReplyAfterFor
   $'late := s.stopped.Load() && !stopped\n\t\ts.conn.SetWriteDeadline(due)'
 # dropLocked: no past write deadline for a write already taken.
 mutant drop-does-not-cut server.go 'TestForceReleaseJustBeforeAWritePlain|TestPushBegunAtALeaseEndIsCut|TestShutdownCutsABlockedReply' . \
-  's.writing && (!isTLS || s.final == nil) {' \
-  'false && s.writing && (!isTLS || s.final == nil) {'
+  's.writing && (s.tls == nil || s.final == nil) {' \
+  'false && s.writing && (s.tls == nil || s.final == nil) {'
 # dropLocked: no cut over TLS even with no ERROR to follow: a push taken
 # before a lease end is written after the next grant (the eleventh review).
 mutant tls-lease-end-not-cut server.go 'TestPushBegunAtALeaseEndIsCutTLS' . \
-  's.writing && (!isTLS || s.final == nil) {' \
-  's.writing && !isTLS {'
+  's.writing && (s.tls == nil || s.final == nil) {' \
+  's.writing && s.tls == nil {'
 # stopLocked drops before endLocked has decided the final ERROR: over TLS
 # the cut then breaks the connection and the ERROR 0x02 or 0x01 is lost.
 mutant tls-cut-before-the-final-error server.go 'TestForceReleaseJustBeforeAWriteTLS|TestShutdownOverTLSReturnsAtTheIOTimeout' . \
@@ -283,17 +283,17 @@ mutant join-ignores-lease server.go 'TestNoGrantWhenAuthorizeOutlastsTheLease' .
 # at its start; or the session's own writer waits a full io-timeout on a
 # client that neither reads nor sends.
 mutant other-writer-keeps-to-the-lease server.go 'TestPushWriterKeepsToTheIOTimeout|TestPushUnreadByAClientThatHeartbeatsKeepsTheIOTimeout' . \
-  'if own && (s.phase == phaseWaiting || s.phase == phaseHolding) {' \
-  'if s.phase == phaseWaiting || s.phase == phaseHolding {'
+  'if own && s.live() {' \
+  'if s.live() {'
 mutant own-writer-ignores-the-lease server.go 'TestBlockedWriteEndsAtTheLease|TestClientThatNeverReadsDelaysNobody' . \
-  'if own && (s.phase == phaseWaiting || s.phase == phaseHolding) {' \
-  'if false && own && (s.phase == phaseWaiting || s.phase == phaseHolding) {'
+  'if own && s.live() {' \
+  'if false && own && s.live() {'
 # drainLocked, watchLeaseLocked: over TLS a push keeps the io-timeout while
 # the read waits inside it (the twelfth review); or the watch ends a
 # session that heartbeats; or it does not look again after a heartbeat.
 mutant tls-push-unwatched server.go 'TestTLSReadStuckBehindAPushEndsAtTheLease|TestKeyUpdateStuckInAReadEndsAtTheLease' . \
-  'isTLS && !own && (s.phase == phaseWaiting || s.phase == phaseHolding) {' \
-  'false && isTLS && !own && (s.phase == phaseWaiting || s.phase == phaseHolding) {'
+  's.tls != nil && !own && s.live() {' \
+  'false && s.tls != nil && !own && s.live() {'
 mutant lease-watch-ends-the-living server.go 'TestPushUnreadByAClientThatHeartbeatsKeepsTheIOTimeout' . \
   'case time.Since(s.seen) >= s.lease:' \
   'case true:'
