@@ -453,3 +453,35 @@ func TestFloodPauseEndsAtTheLease(t *testing.T) {
 		w.Close()
 	})
 }
+
+// The HEARTBEATs that come with the ACQUIRE's read are 23 at most
+// (docs/protocol.md section 6): the read is len(rbuf) = 32 bytes and the
+// shortest ACQUIRE is 9; the rest are a later read of run, after which the
+// flood pause applies. Over a pipe each server write is one client read:
+// the first answers the ACQUIRE and 23 heartbeats, the next the other 2.
+func TestAcquireReadCarriesAtMost23Heartbeats(t *testing.T) {
+	srv := &Server{}
+	l := servePipe(t, srv)
+	c := l.dial("C")
+	defer c.Close()
+	b, _ := acquire("a", time.Minute).AppendBinary(nil)
+	for range 25 {
+		b = append(b, TypeHeartbeat)
+	}
+	go c.Write(b)
+	c.SetReadDeadline(time.Now().Add(wait))
+	var sizes []int
+	for total := 0; total < 26*9; {
+		buf := make([]byte, 4096)
+		n, err := c.Read(buf)
+		if err != nil {
+			t.Fatalf("after %d bytes: %v", total, err)
+		}
+		sizes = append(sizes, n/9)
+		total += n
+	}
+	t.Logf("answers per server write: %v", sizes)
+	if sizes[0] != 1+23 {
+		t.Errorf("first write answered %d frames, want 24 (the ACQUIRE and 23 heartbeats)", sizes[0])
+	}
+}

@@ -4112,3 +4112,48 @@ func TestShutdownDuringAHalfReadAcquireOverTLS(t *testing.T) {
 		})
 	}
 }
+
+// A valid ACQUIRE whose whole lease passes before it can join the table is
+// closed with nothing, no token spent, no Acquires counted (docs/protocol.md
+// section 4), whatever delayed the join: here no Authorize, but a server
+// too busy (the test holds srv.mu, standing for contention; a 1ms lease).
+func TestJoinAfterTheLeaseIsClosedWithNothing(t *testing.T) {
+	srv := &Server{}
+	addr := startServer(t, srv)
+	c := dialRaw(t, addr)
+	waitFor(t, "the session to start", func() bool { return srv.Stats().Connections == 1 })
+	srv.mu.Lock()
+	c.send(acquire("busy", time.Millisecond))
+	time.Sleep(20 * time.Millisecond) // the ACQUIRE is read; its join waits on srv.mu
+	srv.mu.Unlock()
+	c.expectClosed(wait) // no ACQUIRED, no ERROR
+	st := srv.Stats()
+	t.Logf("closed with no frame; Stats: Acquires %d, Grants %d, Releases %v", st.Acquires, st.Grants, st.Releases)
+	if st.Acquires != 0 || st.Grants != 0 {
+		t.Errorf("Acquires %d Grants %d, want 0 0", st.Acquires, st.Grants)
+	}
+}
+
+// An ERROR answered before the whole frame was read (0x10 reads nothing
+// after the version; 0x15 may skip the name) leaves unread input, so the
+// server's close resets the connection. On Linux the ERROR, already in the
+// client's receive queue, is still read before ECONNRESET, even 100ms
+// after the reset arrived.
+func TestEarlyErrorArrivesDespiteTheUnreadBody(t *testing.T) {
+	addr := startServer(t, &Server{})
+	for _, tc := range []struct {
+		name string
+		b    []byte
+		code Code
+	}{
+		{"version 2 with a 300-byte body", append([]byte{TypeAcquire, 2}, make([]byte, 300)...), CodeUnsupportedVersion},
+		{"name_len 300 with its name", append([]byte{TypeAcquire, 1, 0, 0, 1, 0, 1, 44}, make([]byte, 300)...), CodeNameTooLong},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := dialRaw(t, addr)
+			c.sendBytes(tc.b)
+			time.Sleep(100 * time.Millisecond)
+			c.expectError(tc.code)
+		})
+	}
+}

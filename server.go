@@ -39,6 +39,10 @@ import (
 //  7. promoteLocked grants only a waiter whose lease has not passed.
 //  8. wakeLocked writes what others decided: nobody waits on another's socket.
 //  9. emitLocked queues an event with the table change it describes.
+// 10. A live session's lease ends at leaseEndLocked, the one source of every
+//     lease deadline and check: run's read, heartbeatLocked, takeLocked
+//     (its own writes), watchLeaseLocked (TLS, another's write) and
+//     promoteLocked each end an expired session, or refuse it, there.
 
 // DefaultIOTimeout is the io-timeout of a Server whose IOTimeout is zero.
 const DefaultIOTimeout = 5 * time.Second
@@ -138,6 +142,12 @@ type session struct {
 
 // live: s is in the table, so its lease is set.
 func (s *session) live() bool { return s.phase == phaseWaiting || s.phase == phaseHolding }
+
+// leaseEndLocked is when s's lease ends unless a valid frame is read
+// first: every deadline and check of the lease is taken from it (rule 10).
+func (s *session) leaseEndLocked() time.Time { return s.seen.Add(s.lease) }
+
+func (s *session) expiredLocked(now time.Time) bool { return !now.Before(s.leaseEndLocked()) }
 
 func (srv *Server) ioTimeout() time.Duration {
 	if srv.IOTimeout > 0 {
@@ -411,8 +421,9 @@ func (s *session) acquire() (time.Time, error) {
 		srv.wg.Done()
 		return time.Time{}, errEndedHere
 	}
+	deadline := s.leaseEndLocked()
 	s.drainOwnLocked(true)
-	return read.Add(s.lease), nil
+	return deadline, nil
 }
 
 // Read is io.Reader through rbuf for the rest of the ACQUIRE, which gets
@@ -460,8 +471,8 @@ func (s *session) run(deadline time.Time) {
 			srv.wg.Done()
 			return
 		}
+		deadline = s.leaseEndLocked()
 		s.drainOwnLocked(true)
-		deadline = now.Add(s.lease)
 		if pause > 0 { // no longer than the lease: its end is seen on time
 			time.Sleep(min(pause, time.Until(deadline)))
 		}
@@ -533,10 +544,11 @@ func isTimeout(err error) bool {
 // joinLocked makes s its lock's holder or last waiter and decides the
 // answer, unless Shutdown ended s or its lease passed meanwhile.
 func (srv *Server) joinLocked(s *session, read time.Time) error {
+	s.seen = read
 	switch {
 	case s.phase >= phaseEnding:
 		return ErrShuttingDown
-	case time.Since(read) >= s.lease: // Authorize took the whole lease
+	case s.expiredLocked(time.Now()): // Authorize, or a busy server, took the lease
 		return errExpired
 	}
 	srv.counts.Acquires++
@@ -545,7 +557,7 @@ func (srv *Server) joinLocked(s *session, read time.Time) error {
 		l = &lock{}
 		srv.locks[s.name] = l
 	}
-	s.lock, s.seen, s.since = l, read, time.Now()
+	s.lock, s.since = l, time.Now()
 	if l.holder == nil {
 		srv.grantLocked(l, s)
 	} else {
@@ -562,7 +574,7 @@ func (srv *Server) heartbeatLocked(s *session, beats int, now time.Time, bad err
 	switch {
 	case s.phase >= phaseEnding:
 		return errEnded
-	case now.Sub(s.seen) >= s.lease: // the frame came too late, as a read deadline would say
+	case s.expiredLocked(now): // the frame came too late, as a read deadline would say
 		return errExpired
 	}
 	if owed := int(s.owedWaiting + s.owedAcquired); owed+beats > maxOwed {
@@ -676,7 +688,7 @@ func (s *session) dropLocked() {
 func (srv *Server) promoteLocked(l *lock) {
 	for front := l.waiters.Front(); front != nil && l.holder == nil; front = l.waiters.Front() {
 		next := front.Value.(*session)
-		if time.Since(next.seen) >= next.lease {
+		if next.expiredLocked(time.Now()) {
 			srv.stopLocked(next, errExpired) // out of the queue
 		} else {
 			l.waiters.Remove(front)
@@ -750,7 +762,7 @@ func (s *session) drainLocked(own bool) {
 				delete(srv.sessions, s)
 			} else if s.tls != nil && s.live() {
 				// A read may write (a TLS 1.3 KeyUpdate's answer): as long as the read waits.
-				s.conn.SetWriteDeadline(s.seen.Add(s.lease))
+				s.conn.SetWriteDeadline(s.leaseEndLocked())
 			}
 			srv.mu.Unlock()
 			if closing {
@@ -788,7 +800,7 @@ func (s *session) drainLocked(own bool) {
 		case cut: // the stream is whole: a final ERROR in b is owed again
 			s.final = cmp.Or(s.final, fin)
 		case err != nil:
-			if isTimeout(err) && s.live() && time.Since(s.seen) >= s.lease {
+			if isTimeout(err) && s.live() && s.expiredLocked(time.Now()) {
 				err = errExpired
 			}
 			srv.stopLocked(s, err)
@@ -802,16 +814,16 @@ func (s *session) drainLocked(own bool) {
 // answers a KeyUpdate, or a bad record with an alert, after the write under
 // way), and the read's deadline with it.
 func (s *session) watchLeaseLocked() {
-	s.leaseWatch = time.AfterFunc(time.Until(s.seen.Add(s.lease)), func() {
+	s.leaseWatch = time.AfterFunc(time.Until(s.leaseEndLocked()), func() {
 		srv := s.srv
 		srv.mu.Lock()
 		defer srv.mu.Unlock()
 		switch {
 		case s.leaseWatch == nil || !s.live():
-		case time.Since(s.seen) >= s.lease:
+		case s.expiredLocked(time.Now()):
 			srv.stopLocked(s, errExpired) // and the cut fails the write
 		default:
-			s.leaseWatch.Reset(time.Until(s.seen.Add(s.lease)))
+			s.leaseWatch.Reset(time.Until(s.leaseEndLocked()))
 		}
 	})
 }
@@ -844,7 +856,7 @@ func (s *session) takeLocked(own bool) (b []byte, fin error, due time.Time) {
 	}
 	due = time.Now().Add(s.srv.ioTimeout())
 	if own && s.live() {
-		if until := s.seen.Add(s.lease); until.Before(due) {
+		if until := s.leaseEndLocked(); until.Before(due) {
 			due = until
 		}
 	}

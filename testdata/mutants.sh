@@ -48,8 +48,8 @@ mutant push-under-the-mutex server.go 'TestBlockedPromotionPushDelaysNobody' . \
   'n, err = s.conn.Write(b)' \
   'srv.mu.Lock(); n, err = s.conn.Write(b); srv.mu.Unlock()'
 mutant lease-not-refreshed server.go 'TestHeartbeatsKeepAShortLeaseAlive' . \
-  'deadline = now.Add(s.lease)' \
-  '_ = now'
+  'deadline = s.leaseEndLocked()' \
+  '_ = s'
 mutant last-seen-not-refreshed server.go 'TestHeartbeatsKeepAShortLeaseAlive' . \
   $'s.seen = now\n\t\ts.owe(beats)' \
   's.owe(beats)'
@@ -155,8 +155,8 @@ mutant push-timeout-released-graceful server.go 'TestPushTimeoutIsReleasedAsIOTi
   'srv.stopLocked(s, errEnded)'
 # Rule 7 (promoteLocked): a waiter whose lease has passed is granted.
 mutant promotion-grants-expired-waiter server.go 'TestPromotionSkipsExpiredWaiter|TestRaceHunt' . \
-  'if time.Since(next.seen) >= next.lease {' \
-  'if false && time.Since(next.seen) >= next.lease {'
+  'if next.expiredLocked(time.Now()) {' \
+  'if false && next.expiredLocked(time.Now()) {'
 # drainLocked: no check of stopped after the write deadline is set, or the
 # check made before it (a stop in between is not seen).
 mutant drain-skips-stop-check server.go 'TestNoHeartbeatReplyAfterForceRelease|TestNoPushAfterForceRelease|TestNoHeartbeatReplyAfterKickWaiter' . \
@@ -182,12 +182,12 @@ mutant tls-cut-before-the-final-error server.go 'TestForceReleaseJustBeforeAWrit
 # drainLocked: over TLS the write deadline stays the last write's, and a
 # read that must answer a TLS 1.3 KeyUpdate fails on an idle holder.
 mutant tls-read-meets-a-stale-write-deadline server.go 'TestTLS13KeyUpdateKeepsTheSession' . \
-  's.conn.SetWriteDeadline(s.seen.Add(s.lease))' \
+  's.conn.SetWriteDeadline(s.leaseEndLocked())' \
   '_ = s.seen'
 # drainLocked: over TLS a write made inside the read has no deadline, and a
 # client that provokes one and stops reading holds its lock for good.
 mutant tls-read-path-write-unbounded server.go 'TestTLSReadPathWriteEndsAtTheLease' . \
-  's.conn.SetWriteDeadline(s.seen.Add(s.lease))' \
+  's.conn.SetWriteDeadline(s.leaseEndLocked())' \
   's.conn.SetWriteDeadline(time.Time{})'
 # drainLocked: a write cut before its first byte loses the final ERROR it
 # carried; or a write that timed out at its own deadline is taken for a cut
@@ -231,7 +231,7 @@ mutant own-end-after-unlock server.go 'TestPromotionSkipsAWaiterEndingOnItsOwnFr
   $'srv.mu.Unlock()\n\t\t\ts.end(why)'
 # heartbeatLocked: a heartbeat read after the lease passed is answered.
 mutant late-heartbeat-answered server.go 'TestHeartbeatAfterTheLeaseIsNotAnswered|TestRaceHunt' . \
-  'case now.Sub(s.seen) >= s.lease:' \
+  'case s.expiredLocked(now):' \
   'case false:'
 # heartbeatLocked: a bad byte does not end the session.
 mutant bad-byte-answered-as-alive server.go 'TestErrorCodes|TestErrorsAfterTheGrant|TestRandomInputKeepsTheGrammar' . \
@@ -276,8 +276,8 @@ mutant shutdown-waits-past-ctx server.go 'TestShutdownDoesNotWaitForAuthorize|Te
 # a timer that calls Close, Shutdown has one wait, and shutdown-waits-past-ctx
 # is its mutant.)
 # joinLocked: a session whose lease passed during Authorize is granted.
-mutant join-ignores-lease server.go 'TestNoGrantWhenAuthorizeOutlastsTheLease' . \
-  'case time.Since(read) >= s.lease:' \
+mutant join-ignores-lease server.go 'TestNoGrantWhenAuthorizeOutlastsTheLease|TestJoinAfterTheLeaseIsClosedWithNothing' . \
+  'case s.expiredLocked(time.Now()): // Authorize, or a busy server, took the lease' \
   'case false:'
 # takeLocked: a writer other than the session's own keeps to the lease taken
 # at its start; or the session's own writer waits a full io-timeout on a
@@ -295,10 +295,10 @@ mutant tls-push-unwatched server.go 'TestTLSReadStuckBehindAPushEndsAtTheLease|T
   's.tls != nil && !own && s.live() {' \
   'false && s.tls != nil && !own && s.live() {'
 mutant lease-watch-ends-the-living server.go 'TestPushUnreadByAClientThatHeartbeatsKeepsTheIOTimeout' . \
-  'case time.Since(s.seen) >= s.lease:' \
-  'case true:'
+  $'case s.expiredLocked(time.Now()):\n\t\t\tsrv.stopLocked(s, errExpired)' \
+  $'case true:\n\t\t\tsrv.stopLocked(s, errExpired)'
 mutant lease-watch-looks-once server.go 'TestTLSReadStuckBehindAPushEndsAtTheLease|TestKeyUpdateStuckInAReadEndsAtTheLease' . \
-  '			s.leaseWatch.Reset(time.Until(s.seen.Add(s.lease)))' \
+  '			s.leaseWatch.Reset(time.Until(s.leaseEndLocked()))' \
   '			_ = 0'
 # Rule 9 (endLocked): the release is queued after the grant it allows.
 mutant release-event-after-the-grant server.go 'TestForceReleaseAndKickWaiter|TestPromotionSkipsExpiredWaiter|TestRaceHunt' . \
@@ -319,14 +319,14 @@ mutant frame-during-tls-handshake server.go 'TestShutdownClosesATLSHandshakeWith
   'why = nil // a frame now would only start another handshake' \
   '_ = why'
 
-# Rule 7 at its boundary: a waiter at exactly lastSeenAt + lease is promoted.
-mutant promotion-at-the-lease-end server.go 'TestPromotionSkipsAWaiterAtTheEndOfItsLease' . \
-  'if time.Since(next.seen) >= next.lease {' \
-  'if time.Since(next.seen) > next.lease {'
-# Likewise when it would join: Authorize took exactly the lease.
-mutant join-at-the-lease-end server.go 'TestNoGrantWhenAuthorizeOutlastsTheLease' . \
-  'case time.Since(read) >= s.lease: // Authorize took the whole lease' \
-  'case time.Since(read) > s.lease: // Authorize took the whole lease'
+# Rule 10 at its boundary: a session at exactly lastSeenAt + lease is alive
+# (a waiter is promoted; one whose Authorize took the lease joins).
+mutant lease-ends-after-its-end server.go 'TestPromotionSkipsAWaiterAtTheEndOfItsLease' . \
+  'return !now.Before(s.leaseEndLocked())' \
+  'return now.After(s.leaseEndLocked())'
+mutant lease-ends-after-its-end-join server.go 'TestNoGrantWhenAuthorizeOutlastsTheLease' . \
+  'return !now.Before(s.leaseEndLocked())' \
+  'return now.After(s.leaseEndLocked())'
 mutant shutdown-release-forced server.go 'TestStatsCountWhatHappened' . \
   'case errors.Is(why, ErrClosedByAdmin):' \
   'case errors.Is(why, ErrClosedByAdmin), errors.Is(why, ErrShuttingDown):'
