@@ -14,6 +14,7 @@ import (
 	"testing"
 	"testing/synctest"
 	"time"
+	"unsafe"
 )
 
 // Thousands of connections that never send a byte are all closed at the
@@ -271,6 +272,15 @@ func TestIdleSessionsKeepSmallStacks(t *testing.T) {
 	t.Logf("%d bytes of stack per idle session", per)
 	if per > 3<<10 {
 		t.Fatalf("%d bytes of stack per idle session, want about 2 KiB", per)
+	}
+}
+
+// A session's struct fits the 240-byte size class of Go's allocator: one
+// field more, or padding between the small ones, moves every session to
+// the 256-byte class.
+func TestSessionFitsItsSizeClass(t *testing.T) {
+	if size := unsafe.Sizeof(session{}); size > 240 {
+		t.Errorf("a session takes %d bytes, more than the 240 of its size class: reorder the small fields, or drop one", size)
 	}
 }
 

@@ -132,9 +132,9 @@ type session struct {
 	// The outbox, written in the order of deciding: the phase only moves forward.
 	owedWaiting, owedAcquired uint32
 	final                     error       // the final ERROR's cause, while ending
-	writing                   bool        // a goroutine has the writer's role
 	leaseWatch                *time.Timer // while another goroutine writes over TLS
 	stopped                   atomic.Bool // dropLocked ran; read without srv.mu by drainLocked only
+	writing                   bool        // a goroutine has the writer's role (here: no padding)
 
 	rbuf [32]byte // read ahead; the session goroutine's own
 	r, w uint8    // the unread part of rbuf
