@@ -320,7 +320,8 @@ mutant frame-during-tls-handshake server.go 'TestShutdownClosesATLSHandshakeWith
   '_ = why'
 
 # Rule 10 at its boundary: a session at exactly lastSeenAt + lease is alive
-# (a waiter is promoted; one whose Authorize took the lease joins).
+# (a waiter is promoted; one whose Authorize took the lease joins). One
+# mutation, listed once per test, so that each test is shown to catch it.
 mutant lease-ends-after-its-end server.go 'TestPromotionSkipsAWaiterAtTheEndOfItsLease' . \
   'return !now.Before(s.leaseEndLocked())' \
   'return now.After(s.leaseEndLocked())'
