@@ -4157,3 +4157,102 @@ func TestEarlyErrorArrivesDespiteTheUnreadBody(t *testing.T) {
 		})
 	}
 }
+
+// heldTimeoutConn is the server's end of a pipe whose Read, when it fails
+// with a timeout (the lease's read deadline), first reports it on timedOut
+// and waits for release: the session's goroutine is held at the instant
+// the server's clock has passed the lease but before it has taken srv.mu
+// (an interleaving the scheduler may always choose, on a busy machine).
+type heldTimeoutConn struct {
+	net.Conn
+	remote   string
+	timedOut chan struct{}
+	release  chan struct{}
+	once     sync.Once
+}
+
+func (c *heldTimeoutConn) RemoteAddr() net.Addr { return pipeAddr(c.remote) }
+
+func (c *heldTimeoutConn) Read(b []byte) (int, error) {
+	n, err := c.Conn.Read(b)
+	if n == 0 && isTimeout(err) {
+		c.once.Do(func() { close(c.timedOut); <-c.release })
+	}
+	return n, err
+}
+
+// An administrator's ForceRelease or KickWaiter that finds a session whose
+// lease has passed by the server's clock, before its read has reported it,
+// ends it as expired (rule 10): no ERROR 0x02, a release counted as
+// "expired", no force_release or kick_waiter event, and ErrNotFound, as if
+// the read had come first.
+func TestAdminFindingAnExpiredSessionEndsItAsExpired(t *testing.T) {
+	for _, holder := range []bool{true, false} {
+		name := map[bool]string{true: "ForceRelease of the holder", false: "KickWaiter of a waiter"}[holder]
+		t.Run(name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				const lease = 100 * time.Millisecond
+				var events []string
+				srv := &Server{IOTimeout: time.Second, OnEvent: func(ev Event) { events = append(events, ev.Type+" "+ev.RemoteAddr+" "+ev.Reason) }}
+				l := newPipeListener()
+				go srv.Serve(l)
+				defer srv.Close()
+
+				var others []net.Conn
+				if !holder { // a live holder first, so that S waits
+					h := l.dial("H")
+					others = append(others, h)
+					sendAcquire(t, h, "x", time.Hour)
+					mustRead(t, h, TypeAcquired)
+				}
+				client, server := net.Pipe()
+				hc := &heldTimeoutConn{Conn: server, remote: "S", timedOut: make(chan struct{}), release: make(chan struct{})}
+				go func() { l.conns <- hc }()
+				sendAcquire(t, client, "x", lease)
+				start := time.Now()
+				if holder {
+					mustRead(t, client, TypeAcquired)
+				} else {
+					mustRead(t, client, TypeWaiting)
+				}
+				<-hc.timedOut // S sent nothing more: its lease passed at start+lease
+				at := time.Since(start)
+				var err error
+				if holder {
+					_, err = srv.ForceRelease("x", 0)
+				} else {
+					_, err = srv.KickWaiter("x", "S")
+				}
+				client.SetReadDeadline(time.Now().Add(time.Second))
+				f, rerr := ReadFrame(client)
+				close(hc.release)
+				synctest.Wait()
+				st := srv.Stats()
+				t.Logf("lease %v, administrator at %v after the ACQUIRE: call err %v; S then read %+v (err %v); Releases %v",
+					lease, at, err, f, rerr, st.Releases)
+				if want := `monolock: no such holder or waiter: the session at S on "x" had outlived its lease, and ended as expired`; !errors.Is(err, ErrNotFound) || err.Error() != want {
+					t.Errorf("the administrator's call returned %v, want ErrNotFound saying %q: S was dead by the server's clock", err, want)
+				}
+				if rerr == nil {
+					t.Errorf("S, silent for %v with a lease of %v, was sent %+v instead of being closed as expired with nothing", at, lease, f)
+				}
+				if want := map[bool]uint64{true: 1, false: 0}[holder]; st.Releases[ReasonExpired] != want || st.Releases[ReasonForce] != 0 {
+					t.Errorf("Releases %v, want %d expired and no force", st.Releases, want)
+				}
+				if st.Waiters != 0 || holder && st.LocksHeld != 0 || !holder && st.LocksHeld != 1 {
+					t.Errorf("after S's end: %d waiters, %d locks held", st.Waiters, st.LocksHeld)
+				}
+				for _, ev := range events {
+					if strings.HasPrefix(ev, EventForceRelease) || strings.HasPrefix(ev, EventKickWaiter) {
+						t.Errorf("event %q for a session that had expired", ev)
+					}
+				}
+				t.Logf("events: %q", events)
+				for _, c := range others {
+					c.Close()
+				}
+				client.Close()
+			})
+		})
+	}
+}

@@ -40,9 +40,10 @@ import (
 //  8. wakeLocked writes what others decided: nobody waits on another's socket.
 //  9. emitLocked queues an event with the table change it describes.
 // 10. A live session's lease ends at leaseEndLocked, the one source of every
-//     lease deadline and check: run's read, heartbeatLocked, takeLocked
-//     (its own writes), watchLeaseLocked (TLS, another's write) and
-//     promoteLocked each end an expired session, or refuse it, there.
+//     lease deadline and check; whoever meets a session past it ends it as
+//     expired, with no frame: run's read, heartbeatLocked, takeLocked (its
+//     own writes), watchLeaseLocked (TLS, another's write), joinLocked,
+//     promoteLocked and kick.
 
 // DefaultIOTimeout is the io-timeout of a Server whose IOTimeout is zero.
 const DefaultIOTimeout = 5 * time.Second
@@ -1047,7 +1048,8 @@ var (
 
 // ForceRelease ends the holder of name under token (0: any) at once,
 // promotes the next waiter, and returns the holder; the holder is sent
-// ERROR 0x02 and closed. Another token ends nobody: ErrStaleToken.
+// ERROR 0x02 and closed. Another token ends nobody: ErrStaleToken. A
+// holder whose lease has passed is released as expired: ErrNotFound.
 func (srv *Server) ForceRelease(name string, token uint64) (SessionInfo, error) {
 	return srv.kick(name, EventForceRelease, func(l *lock) (*session, error) {
 		switch h := l.holder; {
@@ -1061,7 +1063,8 @@ func (srv *Server) ForceRelease(name string, token uint64) (SessionInfo, error) 
 }
 
 // KickWaiter ends the waiter of name at remoteAddr: it leaves the queue at
-// once, unpromoted, and is sent ERROR 0x02 and closed.
+// once, unpromoted, and is sent ERROR 0x02 and closed (as ForceRelease,
+// ErrNotFound for a waiter whose lease has passed).
 func (srv *Server) KickWaiter(name, remoteAddr string) (SessionInfo, error) {
 	return srv.kick(name, EventKickWaiter, func(l *lock) (*session, error) {
 		for e := l.waiters.Front(); e != nil; e = e.Next() {
@@ -1084,6 +1087,11 @@ func (srv *Server) kick(name, event string, find func(*lock) (*session, error)) 
 	}
 	if err != nil {
 		return SessionInfo{}, err
+	}
+	if s.expiredLocked(time.Now()) { // dead by the server's clock, not yet seen so (rule 10)
+		srv.stopLocked(s, errExpired)
+		srv.wakeLocked(s)
+		return SessionInfo{}, fmt.Errorf("%w: the session at %s on %q had outlived its lease, and ended as expired", ErrNotFound, s.remote, name)
 	}
 	info := s.infoLocked()
 	srv.emitLocked(Event{Type: event, Token: info.Token}, s)

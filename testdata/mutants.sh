@@ -319,6 +319,11 @@ mutant frame-during-tls-handshake server.go 'TestShutdownClosesATLSHandshakeWith
   'why = nil // a frame now would only start another handshake' \
   '_ = why'
 
+# Rule 10 (kick): an administrator who finds a session past its lease sends
+# it ERROR 0x02 and counts a "force" release (the sixteenth review).
+mutant kick-ignores-the-lease server.go 'TestAdminFindingAnExpiredSessionEndsItAsExpired' . \
+  "if s.expiredLocked(time.Now()) { // dead by the server's clock, not yet seen so (rule 10)" \
+  'if false {'
 # Rule 10 at its boundary: a session at exactly lastSeenAt + lease is alive
 # (a waiter is promoted; one whose Authorize took the lease joins). One
 # mutation, listed once per test, so that each test is shown to catch it.
