@@ -587,7 +587,8 @@ proctype reader(byte s) {
 }
 
 /* ForceRelease("x", 0) or KickWaiter: kick ends the session it finds,
- * wakes its writer, and returns. */
+ * with ERROR 0x02, or as expired (no frame) if its lease has passed by
+ * the server's clock (either may be true), wakes its writer, and returns. */
 #ifndef NOADMIN
 proctype admin() {
 	LOCALS;
@@ -601,6 +602,7 @@ proctype admin() {
 		fi;
 		if
 		:: t != NONE -> printf("MSC: S%d: kick (ForceRelease/KickWaiter) takes srv.mu\n", t); stopLocked(t, ADMIN); wakeLocked(t)
+		:: t != NONE -> printf("MSC: S%d: kick finds its lease passed: ends it as expired\n", t); stopLocked(t, NOCODE); wakeLocked(t)
 		:: else
 		fi
 	}
