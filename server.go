@@ -40,10 +40,11 @@ import (
 //  8. wakeLocked writes what others decided: nobody waits on another's socket.
 //  9. emitLocked queues an event with the table change it describes.
 // 10. A live session's lease ends at leaseEndLocked, the one source of every
-//     lease deadline and check; whoever meets a session past it ends it as
-//     expired, with no frame: run's read, heartbeatLocked, takeLocked (its
-//     own writes), watchLeaseLocked (TLS, another's write), joinLocked,
-//     promoteLocked and kick.
+//     lease deadline and check, judged by the clock read under srv.mu;
+//     whoever meets a session past it ends it as expired, with no frame:
+//     run's read, heartbeatLocked, takeLocked (its own writes),
+//     watchLeaseLocked (TLS, another's write), joinLocked, promoteLocked
+//     and kick.
 
 // DefaultIOTimeout is the io-timeout of a Server whose IOTimeout is zero.
 const DefaultIOTimeout = 5 * time.Second
@@ -464,9 +465,9 @@ func (s *session) run(deadline time.Time) {
 				pause = time.Duration(n) * floodPause
 			}
 		}
-		now := time.Now()
 		beats, bad := s.scan()
 		srv.mu.Lock()
+		now := time.Now() // under srv.mu, the clock kick and promoteLocked judge by: a frame read in time but taken in after the lease's end is late (rule 10)
 		if why := srv.heartbeatLocked(s, beats, now, bad); why != nil {
 			s.endOwnLocked(why) // in the same critical section: no promotion between
 			srv.wg.Done()
@@ -1081,17 +1082,22 @@ func (srv *Server) KickWaiter(name, remoteAddr string) (SessionInfo, error) {
 func (srv *Server) kick(name, event string, find func(*lock) (*session, error)) (SessionInfo, error) {
 	srv.mu.Lock()
 	defer srv.mu.Unlock()
-	s, err := (*session)(nil), ErrNotFound
-	if l := srv.locks[name]; l != nil && !srv.closing.Load() {
-		s, err = find(l)
-	}
-	if err != nil {
-		return SessionInfo{}, err
-	}
-	if s.expiredLocked(time.Now()) { // dead by the server's clock, not yet seen so (rule 10)
+	var s *session
+	for {
+		err := ErrNotFound
+		if l := srv.locks[name]; l != nil && !srv.closing.Load() {
+			s, err = find(l)
+		}
+		if err != nil {
+			return SessionInfo{}, err
+		}
+		if !s.expiredLocked(time.Now()) {
+			break
+		}
+		// Dead by the server's clock (rule 10): ended as its own read would
+		// have ended it, then found again, as if that read had come first.
 		srv.stopLocked(s, errExpired)
 		srv.wakeLocked(s)
-		return SessionInfo{}, fmt.Errorf("%w: the session at %s on %q had outlived its lease, and ended as expired", ErrNotFound, s.remote, name)
 	}
 	info := s.infoLocked()
 	srv.emitLocked(Event{Type: event, Token: info.Token}, s)

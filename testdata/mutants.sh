@@ -128,8 +128,9 @@ mutant own-end-not-stopped server.go 'TestPushTakenBeforeALeaseEndIsNeverWritten
 mutant cut-after-the-end server.go 'TestPushBegunAtALeaseEndIsCut|TestPushDuringALeaseEndsCriticalSectionIsCut' . \
   $'\t\ts.conn.SetWriteDeadline(time.Unix(1, 0))\n' \
   $'\t\tgo func() { time.Sleep(time.Millisecond); s.conn.SetWriteDeadline(time.Unix(1, 0)) }()\n'
-# Rule 4 (endLocked): a kicked waiter stays queued.
-mutant kick-leaves-waiter-queued server.go 'TestWaiterEndingAsHolderLeaves|TestForceReleaseAndKickWaiter|TestRaceHunt' . \
+# Rule 4 (endLocked): a kicked waiter stays queued. (Not TestRaceHunt: a
+# promotion may then loop on that waiter, and the run end only by the timeout.)
+mutant kick-leaves-waiter-queued server.go 'TestWaiterEndingAsHolderLeaves|TestForceReleaseAndKickWaiter' . \
   $'} else {\n\t\tl.waiters.Remove(s.elem)' \
   $'} else if !errors.Is(why, ErrClosedByAdmin) {\n\t\tl.waiters.Remove(s.elem)'
 mutant force-release-ignores-token server.go 'TestForceReleaseByToken' . \
@@ -322,8 +323,19 @@ mutant frame-during-tls-handshake server.go 'TestShutdownClosesATLSHandshakeWith
 # Rule 10 (kick): an administrator who finds a session past its lease sends
 # it ERROR 0x02 and counts a "force" release (the sixteenth review).
 mutant kick-ignores-the-lease server.go 'TestAdminFindingAnExpiredSessionEndsItAsExpired' . \
-  "if s.expiredLocked(time.Now()) { // dead by the server's clock, not yet seen so (rule 10)" \
-  'if false {'
+  $'if !s.expiredLocked(time.Now()) {\n\t\t\tbreak' \
+  $'if true {\n\t\t\tbreak'
+# kick: after ending an expired session, it does not look again, and the
+# administrator is told otherwise than had the session's read come first.
+mutant kick-looks-once server.go 'TestForceReleaseOfAnExpiredHolderAnswersAsIfTheReadCameFirst' . \
+  $'\t\tsrv.stopLocked(s, errExpired)\n\t\tsrv.wakeLocked(s)\n\t}' \
+  $'\t\tsrv.stopLocked(s, errExpired)\n\t\tsrv.wakeLocked(s)\n\t\treturn SessionInfo{}, ErrNotFound\n\t}'
+# run: a HEARTBEAT is judged by its read's clock, not the one under srv.mu
+# that kick and promoteLocked judge by: read in time, taken in late, it is
+# answered.
+mutant heartbeat-judged-at-its-read server.go 'TestHeartbeatTakenInAfterTheLeaseIsLate' . \
+  $'\t\tbeats, bad := s.scan()\n\t\tsrv.mu.Lock()\n\t\tnow := time.Now()' \
+  $'\t\tnow := time.Now()\n\t\tbeats, bad := s.scan()\n\t\tsrv.mu.Lock()\n\t\t_ = 0'
 # Rule 10 at its boundary: a session at exactly lastSeenAt + lease is alive
 # (a waiter is promoted; one whose Authorize took the lease joins). One
 # mutation, listed once per test, so that each test is shown to catch it.
