@@ -4257,54 +4257,121 @@ func TestAdminFindingAnExpiredSessionEndsItAsExpired(t *testing.T) {
 	}
 }
 
-// Whether ForceRelease finds an expired holder before its read reports the
-// lease's end (kick first) or after (read first), with a waiter W behind
-// it, the administrator is told the same and the lock ends the same: with
-// H's token, ErrStaleToken and W holds; with token 0, W is released.
-func TestForceReleaseOfAnExpiredHolderAnswersAsIfTheReadCameFirst(t *testing.T) {
-	for _, withToken := range []bool{true, false} {
-		outcome := map[bool]string{}
-		for _, kickFirst := range []bool{true, false} {
+// Whether an administrator finds an expired holder H before its read
+// reports the lease's end (kick first) or after (read first), with or
+// without a waiter W, the call answers the same and leaves the lock the
+// same (rule 10): ForceRelease under H's token, under token 0 (W, if any,
+// is released) and under a stale token; KickWaiter of W (promoted, if the
+// read came first).
+func TestAdminOnAnExpiredHolderAnswersAsIfTheReadCameFirst(t *testing.T) {
+	for _, call := range []string{"ForceRelease(H's token)", "ForceRelease(0)", "ForceRelease(stale)", "KickWaiter(W)"} {
+		for _, waiter := range []bool{true, false} {
+			outcome := map[bool]string{}
+			for _, kickFirst := range []bool{true, false} {
+				synctest.Test(t, func(t *testing.T) {
+					const lease = 100 * time.Millisecond
+					srv := &Server{IOTimeout: time.Second}
+					l := newPipeListener()
+					go srv.Serve(l)
+					defer srv.Close()
+					client, server := net.Pipe()
+					hc := &heldTimeoutConn{Conn: server, remote: "H", timedOut: make(chan struct{}), release: make(chan struct{})}
+					go func() { l.conns <- hc }()
+					sendAcquire(t, client, "x", lease)
+					tokH := mustRead(t, client, TypeAcquired).Token
+					if waiter {
+						w := l.dial("W")
+						defer w.Close()
+						sendAcquire(t, w, "x", time.Hour)
+						mustRead(t, w, TypeWaiting)
+					}
+
+					<-hc.timedOut // H's lease has passed by the server's clock
+					if !kickFirst {
+						close(hc.release)
+						synctest.Wait()
+					}
+					var info SessionInfo
+					var err error
+					switch call {
+					case "ForceRelease(H's token)":
+						info, err = srv.ForceRelease("x", tokH)
+					case "ForceRelease(0)":
+						info, err = srv.ForceRelease("x", 0)
+					case "ForceRelease(stale)":
+						info, err = srv.ForceRelease("x", tokH-1)
+					case "KickWaiter(W)":
+						info, err = srv.KickWaiter("x", "W")
+					}
+					if kickFirst {
+						close(hc.release)
+					}
+					synctest.Wait()
+					holder := "nobody"
+					if li, ok := srv.Lock("x"); ok && li.Holder != nil {
+						holder = li.Holder.RemoteAddr
+					}
+					st := srv.Stats()
+					outcome[kickFirst] = fmt.Sprintf("returned %q, %v; %s holds x; releases %v", info.RemoteAddr, err, holder, st.Releases)
+					client.Close()
+				})
+			}
+			t.Logf("%s, waiter %v: kick first: %s; read first: %s", call, waiter, outcome[true], outcome[false])
+			if outcome[true] != outcome[false] {
+				t.Errorf("%s, waiter %v: kick first: %s; read first: %s", call, waiter, outcome[true], outcome[false])
+			}
+		}
+	}
+}
+
+// Shutdown that finds a session whose lease has passed by the server's
+// clock, its read deadline fired but its goroutine not yet at srv.mu, ends
+// it as expired (rule 10): no ERROR 0x01, a holder's release "expired".
+func TestShutdownFindingAnExpiredSessionEndsItAsExpired(t *testing.T) {
+	for _, holder := range []bool{true, false} {
+		t.Run(map[bool]string{true: "holder", false: "waiter"}[holder], func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				const lease = 100 * time.Millisecond
 				srv := &Server{IOTimeout: time.Second}
 				l := newPipeListener()
 				go srv.Serve(l)
 				defer srv.Close()
+				if !holder {
+					h := l.dial("H")
+					defer h.Close()
+					sendAcquire(t, h, "x", time.Hour)
+					mustRead(t, h, TypeAcquired)
+					go readRest(h) // H reads its ERROR 0x01
+				}
 				client, server := net.Pipe()
-				hc := &heldTimeoutConn{Conn: server, remote: "H", timedOut: make(chan struct{}), release: make(chan struct{})}
+				defer client.Close()
+				hc := &heldTimeoutConn{Conn: server, remote: "S", timedOut: make(chan struct{}), release: make(chan struct{})}
 				go func() { l.conns <- hc }()
 				sendAcquire(t, client, "x", lease)
-				tokH := mustRead(t, client, TypeAcquired).Token
-				w := l.dial("W")
-				sendAcquire(t, w, "x", time.Hour)
-				mustRead(t, w, TypeWaiting)
-
-				<-hc.timedOut // H's lease has passed by the server's clock
-				token := map[bool]uint64{true: tokH, false: 0}[withToken]
-				if !kickFirst {
-					close(hc.release)
-					synctest.Wait()
+				if holder {
+					mustRead(t, client, TypeAcquired)
+				} else {
+					mustRead(t, client, TypeWaiting)
 				}
-				info, err := srv.ForceRelease("x", token)
-				if kickFirst {
-					close(hc.release)
-				}
-				synctest.Wait()
-				holder := "nobody"
-				if li, ok := srv.Lock("x"); ok && li.Holder != nil {
-					holder = li.Holder.RemoteAddr
+				<-hc.timedOut // S's lease has passed by the server's clock
+				done := make(chan error, 1)
+				go func() { done <- srv.Shutdown(context.Background()) }()
+				client.SetReadDeadline(time.Now().Add(500 * time.Millisecond))
+				f, rerr := ReadFrame(client)
+				close(hc.release)
+				if err := <-done; err != nil {
+					t.Errorf("Shutdown: %v", err)
 				}
 				st := srv.Stats()
-				outcome[kickFirst] = fmt.Sprintf("ForceRelease returned %q, %v; %s holds x; releases %v", info.RemoteAddr, err, holder, st.Releases)
-				w.Close()
-				client.Close()
+				t.Logf("S then read %+v (%v); Releases %v", f, rerr, st.Releases)
+				if rerr == nil {
+					t.Errorf("S, past its lease, was sent %+v at Shutdown instead of being closed as expired with nothing", f)
+				}
+				if want := map[bool]uint64{true: 1, false: 0}[holder]; st.Releases[ReasonExpired] != want || st.Releases[ReasonGraceful] != 1-want {
+					t.Errorf("Releases %v, want %d expired, %d graceful", st.Releases, want, 1-want)
+				}
 			})
-		}
-		t.Logf("token %v: kick first: %s; read first: %s", withToken, outcome[true], outcome[false])
-		if outcome[true] != outcome[false] {
-			t.Errorf("with token %v, kick first: %s; read first: %s", withToken, outcome[true], outcome[false])
-		}
+		})
 	}
 }
 

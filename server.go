@@ -43,8 +43,8 @@ import (
 //     lease deadline and check, judged by the clock read under srv.mu;
 //     whoever meets a session past it ends it as expired, with no frame:
 //     run's read, heartbeatLocked, takeLocked (its own writes),
-//     watchLeaseLocked (TLS, another's write), joinLocked, promoteLocked
-//     and kick.
+//     watchLeaseLocked (TLS, another's write), joinLocked, and
+//     expireLocked for those who find it (promoteLocked, kick, Shutdown).
 
 // DefaultIOTimeout is the io-timeout of a Server whose IOTimeout is zero.
 const DefaultIOTimeout = 5 * time.Second
@@ -300,7 +300,9 @@ func (srv *Server) beginCloseLocked() (listeners []io.Closer) {
 		listeners = append(listeners, l)
 	}
 	for s := range srv.sessions {
-		srv.stopLocked(s, ErrShuttingDown)
+		if !srv.expireLocked(s) {
+			srv.stopLocked(s, ErrShuttingDown)
+		}
 	}
 	return listeners
 }
@@ -662,6 +664,18 @@ func (srv *Server) endLocked(s *session, why error) {
 	}
 }
 
+// expireLocked ends s, if it is live and its lease has passed by the
+// server's clock, as expired (rule 10), wakes its writer to close it, and
+// says whether it did.
+func (srv *Server) expireLocked(s *session) bool {
+	if !s.live() || !s.expiredLocked(time.Now()) {
+		return false
+	}
+	srv.stopLocked(s, errExpired)
+	srv.wakeLocked(s)
+	return true
+}
+
 // stopLocked is another party's end of s: Shutdown, an administrator, a
 // failed write, a promoter.
 func (srv *Server) stopLocked(s *session, why error) {
@@ -690,14 +704,12 @@ func (s *session) dropLocked() {
 func (srv *Server) promoteLocked(l *lock) {
 	for front := l.waiters.Front(); front != nil && l.holder == nil; front = l.waiters.Front() {
 		next := front.Value.(*session)
-		if next.expiredLocked(time.Now()) {
-			srv.stopLocked(next, errExpired) // out of the queue
-		} else {
+		if !srv.expireLocked(next) { // else out of the queue
 			l.waiters.Remove(front)
 			next.elem = nil
 			srv.grantLocked(l, next)
+			srv.wakeLocked(next)
 		}
-		srv.wakeLocked(next)
 	}
 }
 
@@ -1083,21 +1095,20 @@ func (srv *Server) kick(name, event string, find func(*lock) (*session, error)) 
 	srv.mu.Lock()
 	defer srv.mu.Unlock()
 	var s *session
-	for {
+	for { // until what it finds is alive: the expired end as if their reads came first (rule 10)
 		err := ErrNotFound
 		if l := srv.locks[name]; l != nil && !srv.closing.Load() {
+			if h := l.holder; h != nil && srv.expireLocked(h) {
+				continue
+			}
 			s, err = find(l)
 		}
 		if err != nil {
 			return SessionInfo{}, err
 		}
-		if !s.expiredLocked(time.Now()) {
+		if !srv.expireLocked(s) {
 			break
 		}
-		// Dead by the server's clock (rule 10): ended as its own read would
-		// have ended it, then found again, as if that read had come first.
-		srv.stopLocked(s, errExpired)
-		srv.wakeLocked(s)
 	}
 	info := s.infoLocked()
 	srv.emitLocked(Event{Type: event, Token: info.Token}, s)

@@ -37,8 +37,8 @@ mutant lifo-promotion server.go 'TestFIFOOrderAndLeavingFromTheMiddle|TestLockTa
   'for front := l.waiters.Back(); front != nil && l.holder == nil; front = l.waiters.Back() {'
 # The promoter decides the push and starts no writer for it.
 mutant missing-push server.go 'TestGrantWaitAndPushPromotion' . \
-  $'\t\t\tsrv.grantLocked(l, next)\n\t\t}\n\t\tsrv.wakeLocked(next)' \
-  $'\t\t\tsrv.grantLocked(l, next)\n\t\t\tcontinue\n\t\t}\n\t\tsrv.wakeLocked(next)'
+  $'\t\t\tsrv.grantLocked(l, next)\n\t\t\tsrv.wakeLocked(next)\n\t\t}' \
+  $'\t\t\tsrv.grantLocked(l, next)\n\t\t}'
 # The promoted waiter is pushed the leaving holder's token.
 mutant reused-token server.go 'TestGrantWaitAndPushPromotion|TestTokensAboveTheClockGoOnByOne' . \
   $'\t\t\tsrv.promoteLocked(l)\n' \
@@ -156,8 +156,8 @@ mutant push-timeout-released-graceful server.go 'TestPushTimeoutIsReleasedAsIOTi
   'srv.stopLocked(s, errEnded)'
 # Rule 7 (promoteLocked): a waiter whose lease has passed is granted.
 mutant promotion-grants-expired-waiter server.go 'TestPromotionSkipsExpiredWaiter|TestRaceHunt' . \
-  'if next.expiredLocked(time.Now()) {' \
-  'if false && next.expiredLocked(time.Now()) {'
+  'if !srv.expireLocked(next) { // else out of the queue' \
+  'if true || !srv.expireLocked(next) { // else out of the queue'
 # drainLocked: no check of stopped after the write deadline is set, or the
 # check made before it (a stop in between is not seen).
 mutant drain-skips-stop-check server.go 'TestNoHeartbeatReplyAfterForceRelease|TestNoPushAfterForceRelease|TestNoHeartbeatReplyAfterKickWaiter' . \
@@ -323,13 +323,19 @@ mutant frame-during-tls-handshake server.go 'TestShutdownClosesATLSHandshakeWith
 # Rule 10 (kick): an administrator who finds a session past its lease sends
 # it ERROR 0x02 and counts a "force" release (the sixteenth review).
 mutant kick-ignores-the-lease server.go 'TestAdminFindingAnExpiredSessionEndsItAsExpired' . \
-  $'if !s.expiredLocked(time.Now()) {\n\t\t\tbreak' \
+  $'if !srv.expireLocked(s) {\n\t\t\tbreak' \
   $'if true {\n\t\t\tbreak'
-# kick: after ending an expired session, it does not look again, and the
-# administrator is told otherwise than had the session's read come first.
-mutant kick-looks-once server.go 'TestForceReleaseOfAnExpiredHolderAnswersAsIfTheReadCameFirst' . \
-  $'\t\tsrv.stopLocked(s, errExpired)\n\t\tsrv.wakeLocked(s)\n\t}' \
-  $'\t\tsrv.stopLocked(s, errExpired)\n\t\tsrv.wakeLocked(s)\n\t\treturn SessionInfo{}, ErrNotFound\n\t}'
+# kick: an expired holder is not ended first, and the administrator is told
+# otherwise than had the holder's read come first (a stale token's refusal
+# where nobody holds; a waiter kicked that the read would have promoted).
+mutant kick-keeps-an-expired-holder server.go 'TestAdminOnAnExpiredHolderAnswersAsIfTheReadCameFirst' . \
+  'if h := l.holder; h != nil && srv.expireLocked(h) {' \
+  'if h := l.holder; false && h != nil && srv.expireLocked(h) {'
+# beginCloseLocked: Shutdown sends ERROR 0x01 to a session past its lease
+# and counts a holder's release as graceful (the seventeenth review).
+mutant shutdown-ignores-the-lease server.go 'TestShutdownFindingAnExpiredSessionEndsItAsExpired' . \
+  $'if !srv.expireLocked(s) {\n\t\t\tsrv.stopLocked(s, ErrShuttingDown)' \
+  $'if true {\n\t\t\tsrv.stopLocked(s, ErrShuttingDown)'
 # run: a HEARTBEAT is judged by its read's clock, not the one under srv.mu
 # that kick and promoteLocked judge by: read in time, taken in late, it is
 # answered.

@@ -611,7 +611,8 @@ proctype admin() {
 }
 #endif
 
-/* Shutdown: beginCloseLocked stops every session with ERROR 0x01, promoting
+/* Shutdown: beginCloseLocked stops every session with ERROR 0x01 (or, one
+ * whose lease has passed by the server's clock, with none), promoting
  * nobody, then wakeLocked for each; its bound (or ctx) may then Close:
  * beginCloseLocked again, every session closed, every connection closed. */
 #ifndef NOSHUTDOWN
@@ -621,8 +622,12 @@ proctype shutdown() {
 		lockMu;
 		printf("MSC: Shutdown\n");
 		closing = true;
-		for (j : 0 .. NS - 1) {	/* beginCloseLocked */
-			if :: phase[j] < CLOSED -> stopLocked(j, SHUT) :: else fi
+		for (j : 0 .. NS - 1) {	/* beginCloseLocked; expireLocked: a live one past its lease ends with no frame */
+			if
+			:: phase[j] < CLOSED -> stopLocked(j, SHUT)
+			:: phase[j] == WAITING || phase[j] == HOLDING -> printf("MSC: S%d: Shutdown finds its lease passed\n", j); stopLocked(j, NOCODE)
+			:: else
+			fi
 		}
 		for (j : 0 .. NS - 1) {
 			if :: phase[j] < CLOSED -> wakeLocked(j) :: else fi
