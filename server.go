@@ -1010,7 +1010,7 @@ type SessionInfo struct {
 // LockInfo describes a lock that has a holder or waiters.
 type LockInfo struct {
 	Name    string
-	Holder  *SessionInfo // nil only while the server shuts down
+	Holder  *SessionInfo // never nil: a lock without a holder promotes or goes
 	Waiters []SessionInfo
 }
 
