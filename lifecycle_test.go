@@ -1838,6 +1838,28 @@ func TestModelShrinksToTheCause(t *testing.T) {
 	}
 }
 
+// An Authorize that takes longer than the ACQUIRE's lease and refuses still
+// sends ERROR 0x18 (docs/protocol.md section 4): the refusal is the
+// ACQUIRE's answer; the lease counts only in the table.
+func TestRefusalAfterTheLeaseIsSent(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const lease = 10 * time.Millisecond
+		srv := &Server{IOTimeout: time.Second, Authorize: func(_, _ string) bool { time.Sleep(2 * lease); return false }}
+		l := servePipe(t, srv)
+		c := l.dial("S")
+		defer c.Close()
+		sendAcquire(t, c, "x", lease)
+		c.SetReadDeadline(time.Now().Add(time.Second))
+		f, err := ReadFrame(c)
+		if err != nil || f.Type != TypeError || f.Code != CodeNotAuthorized {
+			t.Errorf("Authorize took %v of a %v lease and refused: S read %+v (%v), want ERROR 0x18", 2*lease, lease, f, err)
+		}
+		if st := srv.Stats(); st.Denials != 1 || st.Acquires != 0 {
+			t.Errorf("Denials %d, Acquires %d; want 1 and 0", st.Denials, st.Acquires)
+		}
+	})
+}
+
 // A session whose lease has passed by the server's clock when it would
 // join the table is closed as expired, without a word, and no token is
 // spent on it: lastSeenAt is the ACQUIRE's read, before Authorize, and the
