@@ -128,7 +128,7 @@ type session struct {
 	lock  *lock         // holder's or waiter's lock, until endLocked
 	elem  *list.Element // non-nil while waiting
 	since time.Time     // queued at, then granted at
-	seen  time.Time     // lastSeenAt: the read of the last valid frame
+	seen  time.Time     // lastSeenAt: the ACQUIRE's read, then each HEARTBEAT's decision
 	token uint64        // of the grant; 0 while waiting
 
 	// The outbox, written in the order of deciding: the phase only moves forward.
@@ -251,8 +251,8 @@ func (srv *Server) start(conn net.Conn) {
 	go s.serve()
 }
 
-// Shutdown stops accepting, sends ERROR 0x01 to every session, promoting
-// nobody, and waits for them (closing those not done in an io-timeout)
+// Shutdown stops accepting, sends ERROR 0x01 to every session (but one past
+// its lease: closed as expired), promoting nobody, and waits for them (closing those not done in an io-timeout)
 // and for OnEvent. When ctx ends it closes all and returns ctx's error.
 func (srv *Server) Shutdown(ctx context.Context) error {
 	srv.mu.Lock()
@@ -1062,7 +1062,9 @@ var (
 // ForceRelease ends the holder of name under token (0: any) at once,
 // promotes the next waiter, and returns the holder; the holder is sent
 // ERROR 0x02 and closed. Another token ends nobody: ErrStaleToken. A
-// holder whose lease has passed is released as expired: ErrNotFound.
+// holder whose lease has passed is first released as expired, and the
+// call answers as if its own read had seen that first: under token 0, it
+// then ends the next holder, if any.
 func (srv *Server) ForceRelease(name string, token uint64) (SessionInfo, error) {
 	return srv.kick(name, EventForceRelease, func(l *lock) (*session, error) {
 		switch h := l.holder; {
@@ -1076,8 +1078,9 @@ func (srv *Server) ForceRelease(name string, token uint64) (SessionInfo, error) 
 }
 
 // KickWaiter ends the waiter of name at remoteAddr: it leaves the queue at
-// once, unpromoted, and is sent ERROR 0x02 and closed (as ForceRelease,
-// ErrNotFound for a waiter whose lease has passed).
+// once, unpromoted, and is sent ERROR 0x02 and closed. As for ForceRelease,
+// an expired holder is released first, which may promote that waiter
+// (ErrNotFound), and a waiter past its lease is closed as expired.
 func (srv *Server) KickWaiter(name, remoteAddr string) (SessionInfo, error) {
 	return srv.kick(name, EventKickWaiter, func(l *lock) (*session, error) {
 		for e := l.waiters.Front(); e != nil; e = e.Next() {
