@@ -4203,6 +4203,15 @@ func (c *heldTimeoutConn) Read(b []byte) (int, error) {
 	return n, err
 }
 
+// dialHeld connects remote to the server through l, its server end a
+// heldTimeoutConn.
+func (l *pipeListener) dialHeld(remote string) (net.Conn, *heldTimeoutConn) {
+	client, server := net.Pipe()
+	hc := &heldTimeoutConn{Conn: server, remote: remote, timedOut: make(chan struct{}), release: make(chan struct{})}
+	go func() { l.conns <- hc }()
+	return client, hc
+}
+
 // An administrator's ForceRelease or KickWaiter that finds a session whose
 // lease has passed by the server's clock, before its read has reported it,
 // ends it as expired (rule 10): no ERROR 0x02, a release counted as
@@ -4227,9 +4236,7 @@ func TestAdminFindingAnExpiredSessionEndsItAsExpired(t *testing.T) {
 					sendAcquire(t, h, "x", time.Hour)
 					mustRead(t, h, TypeAcquired)
 				}
-				client, server := net.Pipe()
-				hc := &heldTimeoutConn{Conn: server, remote: "S", timedOut: make(chan struct{}), release: make(chan struct{})}
-				go func() { l.conns <- hc }()
+				client, hc := l.dialHeld("S")
 				sendAcquire(t, client, "x", lease)
 				start := time.Now()
 				if holder {
@@ -4296,9 +4303,7 @@ func TestAdminOnAnExpiredHolderAnswersAsIfTheReadCameFirst(t *testing.T) {
 					l := newPipeListener()
 					go srv.Serve(l)
 					defer srv.Close()
-					client, server := net.Pipe()
-					hc := &heldTimeoutConn{Conn: server, remote: "H", timedOut: make(chan struct{}), release: make(chan struct{})}
-					go func() { l.conns <- hc }()
+					client, hc := l.dialHeld("H")
 					sendAcquire(t, client, "x", lease)
 					tokH := mustRead(t, client, TypeAcquired).Token
 					if waiter {
@@ -4365,10 +4370,8 @@ func TestShutdownFindingAnExpiredSessionEndsItAsExpired(t *testing.T) {
 					mustRead(t, h, TypeAcquired)
 					go readRest(h) // H reads its ERROR 0x01
 				}
-				client, server := net.Pipe()
+				client, hc := l.dialHeld("S")
 				defer client.Close()
-				hc := &heldTimeoutConn{Conn: server, remote: "S", timedOut: make(chan struct{}), release: make(chan struct{})}
-				go func() { l.conns <- hc }()
 				sendAcquire(t, client, "x", lease)
 				if holder {
 					mustRead(t, client, TypeAcquired)
