@@ -4225,9 +4225,7 @@ func TestAdminFindingAnExpiredSessionEndsItAsExpired(t *testing.T) {
 				const lease = 100 * time.Millisecond
 				var events []string
 				srv := &Server{IOTimeout: time.Second, OnEvent: func(ev Event) { events = append(events, ev.Type+" "+ev.RemoteAddr+" "+ev.Reason) }}
-				l := newPipeListener()
-				go srv.Serve(l)
-				defer srv.Close()
+				l := servePipe(t, srv)
 
 				var others []net.Conn
 				if !holder { // a live holder first, so that S waits
@@ -4300,9 +4298,7 @@ func TestAdminOnAnExpiredHolderAnswersAsIfTheReadCameFirst(t *testing.T) {
 				synctest.Test(t, func(t *testing.T) {
 					const lease = 100 * time.Millisecond
 					srv := &Server{IOTimeout: time.Second}
-					l := newPipeListener()
-					go srv.Serve(l)
-					defer srv.Close()
+					l := servePipe(t, srv)
 					client, hc := l.dialHeld("H")
 					sendAcquire(t, client, "x", lease)
 					tokH := mustRead(t, client, TypeAcquired).Token
@@ -4360,9 +4356,7 @@ func TestShutdownFindingAnExpiredSessionEndsItAsExpired(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				const lease = 100 * time.Millisecond
 				srv := &Server{IOTimeout: time.Second}
-				l := newPipeListener()
-				go srv.Serve(l)
-				defer srv.Close()
+				l := servePipe(t, srv)
 				if !holder {
 					h := l.dial("H")
 					defer h.Close()
