@@ -17,6 +17,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -4442,4 +4443,83 @@ func TestHeartbeatTakenInAfterTheLeaseIsLate(t *testing.T) {
 			}
 		})
 	}
+}
+
+// However a live session's end is met, if the server decides it (under
+// srv.mu) after the lease's end, the session is released as expired (rule
+// 10), with no frame: its close or a failed write no less than a late
+// HEARTBEAT or a bad byte, though each reached the server in time.
+func TestEndDecidedAfterTheLeaseIsExpired(t *testing.T) {
+	for _, last := range []string{"close", "heartbeat", "bad byte", "failed write"} {
+		t.Run(last, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				const lease = 100 * time.Millisecond
+				var ev eventLog
+				srv := &Server{IOTimeout: time.Second, OnEvent: ev.add}
+				l := servePipe(t, srv)
+				client, server := net.Pipe()
+				defer client.Close()
+				lc := &lateConn{Conn: server, delay: 2 * lease}
+				go func() { l.conns <- namedConn{lc, "H"} }()
+				sendAcquire(t, client, "x", lease)
+				mustRead(t, client, TypeAcquired)
+
+				time.Sleep(lease / 2)
+				switch last {
+				case "close":
+					lc.lateRead.Store(true)
+					client.Close()
+				case "heartbeat", "bad byte":
+					lc.lateRead.Store(true)
+					client.Write([]byte{map[string]byte{"heartbeat": TypeHeartbeat, "bad byte": 0x7f}[last]})
+				case "failed write": // the HEARTBEAT's answer, by the session's own goroutine
+					lc.lateWrite.Store(true)
+					client.Write([]byte{TypeHeartbeat})
+				}
+				frames := readRest(client)
+				time.Sleep(3 * lease) // the session decides at 2.5 leases
+				synctest.Wait()
+				var reasons []string
+				for _, e := range ev.snapshot() {
+					if e.Type == EventReleased {
+						reasons = append(reasons, e.Reason)
+					}
+				}
+				st := srv.Stats()
+				t.Logf("%s at lease/2, decided at 2.5 leases: frames %+v; released as %v; Releases %v", last, frames, reasons, st.Releases)
+				if len(frames) != 0 {
+					t.Errorf("H was sent %+v after its lease's end", frames)
+				}
+				if !slices.Equal(reasons, []string{ReasonExpired}) || st.Releases[ReasonExpired] != 1 || st.Releases[ReasonGraceful] != 0 {
+					t.Errorf("released as %v, Releases %v; want one release, expired: the lease had passed when the server decided the end", reasons, st.Releases)
+				}
+			})
+		})
+	}
+}
+
+// lateConn is the server's end of a pipe whose reads, once lateRead is
+// set, and writes, once lateWrite is, reach the session only delay later,
+// the write failing with a reset: the session's goroutine is held between
+// the I/O and its decision, as on a busy machine.
+type lateConn struct {
+	net.Conn
+	delay               time.Duration
+	lateRead, lateWrite atomic.Bool
+}
+
+func (c *lateConn) Read(b []byte) (int, error) {
+	n, err := c.Conn.Read(b)
+	if c.lateRead.Load() {
+		time.Sleep(c.delay)
+	}
+	return n, err
+}
+
+func (c *lateConn) Write(b []byte) (int, error) {
+	if c.lateWrite.Load() {
+		time.Sleep(c.delay)
+		return 0, &net.OpError{Op: "write", Net: "pipe", Err: syscall.ECONNRESET}
+	}
+	return c.Conn.Write(b)
 }

@@ -25,7 +25,8 @@ import (
 //  1. srv.mu guards the table and a session's marked fields; whoever touches
 //     them is named ...Locked or takes srv.mu, and does no I/O with it held
 //     (setting a deadline is not I/O: it never waits).
-//  2. Frames are decided only by owe and endLocked, only for a live session.
+//  2. Frames are decided only by owe, for a live session, and endLocked,
+//     for one not yet ending.
 //  3. drainLocked alone writes, holding the writer's role, which only
 //     wakeLocked and drainOwnLocked hand out.
 //  4. endLocked is the only way out of the table; dropLocked, called by it
@@ -42,9 +43,11 @@ import (
 // 10. A live session's lease ends at leaseEndLocked, the one source of every
 //     lease deadline and check, judged by the clock read under srv.mu;
 //     whoever meets a session past it ends it as expired, with no frame:
-//     run's read, heartbeatLocked, takeLocked (its own writes),
-//     watchLeaseLocked (TLS, another's write), joinLocked, and
-//     expireLocked for those who find it (promoteLocked, kick, Shutdown).
+//     the deadlines of run's read, takeLocked (its own writes) and
+//     watchLeaseLocked (TLS, another's write); heartbeatLocked and
+//     joinLocked before they decide; endLocked, given an end without a
+//     code (a close, a failed write); and expireLocked for those who find
+//     it (promoteLocked, kick, Shutdown).
 
 // DefaultIOTimeout is the io-timeout of a Server whose IOTimeout is zero.
 const DefaultIOTimeout = 5 * time.Second
@@ -251,9 +254,11 @@ func (srv *Server) start(conn net.Conn) {
 	go s.serve()
 }
 
-// Shutdown stops accepting, sends ERROR 0x01 to every session (but one past
-// its lease: closed as expired), promoting nobody, and waits for them (closing those not done in an io-timeout)
-// and for OnEvent. When ctx ends it closes all and returns ctx's error.
+// Shutdown stops accepting, sends ERROR 0x01 to every session not already
+// ending (but one in its TLS handshake, closed, and one past its lease,
+// closed as expired), promoting nobody, and waits for them (closing those
+// not done in an io-timeout) and for OnEvent. When ctx ends it closes all
+// and returns ctx's error.
 func (srv *Server) Shutdown(ctx context.Context) error {
 	srv.mu.Lock()
 	listeners := srv.beginCloseLocked()
@@ -635,6 +640,9 @@ func (srv *Server) endLocked(s *session, why error) {
 	if s.phase == phaseHandshake {
 		why = nil // a frame now would only start another handshake
 	}
+	if _, ok := codeOf(why); !ok && s.live() && s.expiredLocked(time.Now()) {
+		why = errExpired // a close, or a failed write, met past the lease (rule 10)
+	}
 	s.phase, s.final = phaseEnding, nil
 	if _, ok := codeOf(why); ok {
 		s.final = why
@@ -814,9 +822,6 @@ func (s *session) drainLocked(own bool) {
 		case cut: // the stream is whole: a final ERROR in b is owed again
 			s.final = cmp.Or(s.final, fin)
 		case err != nil:
-			if isTimeout(err) && s.live() && s.expiredLocked(time.Now()) {
-				err = errExpired
-			}
 			srv.stopLocked(s, err)
 			s.owedWaiting, s.owedAcquired, s.final = 0, 0, nil
 		}

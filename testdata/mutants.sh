@@ -391,6 +391,12 @@ mutant lease-zero-accepted protocol.go 'TestErrorCodes' . \
   'if f.LeaseMS == 0 {' \
   'if f.LeaseMS == 0 && false {'
 
+# Rule 10 (endLocked): a close or a failed write decided after the lease's
+# end counts a "graceful" release (the eighteenth review).
+mutant end-ignores-the-lease server.go 'TestEndDecidedAfterTheLeaseIsExpired' . \
+  '!ok && s.live() && s.expiredLocked(time.Now())' \
+  '!ok && s.live() && false'
+
 # --- The client (client.go) ---
 mutant client-timeout-from-reply-arrival client.go 'TestHolderStopsBeforeTheServerReleases|TestTimeoutCountsFromTheConfirmedSend' . \
   'l.inflight, l.confirmed = false, l.lastSend' \
