@@ -4447,54 +4447,65 @@ func TestHeartbeatTakenInAfterTheLeaseIsLate(t *testing.T) {
 
 // However a live session's end is met, if the server decides it (under
 // srv.mu) after the lease's end, the session is released as expired (rule
-// 10), with no frame: its close or a failed write no less than a late
-// HEARTBEAT or a bad byte, though each reached the server in time.
+// 10), with no frame, and its waiter promoted: its close or a failed write
+// no less than a late HEARTBEAT or a bad byte, though each reached the
+// server in time; over TCP and TLS.
 func TestEndDecidedAfterTheLeaseIsExpired(t *testing.T) {
 	for _, last := range []string{"close", "heartbeat", "bad byte", "failed write"} {
-		t.Run(last, func(t *testing.T) {
-			synctest.Test(t, func(t *testing.T) {
-				const lease = 100 * time.Millisecond
-				var ev eventLog
-				srv := &Server{IOTimeout: time.Second, OnEvent: ev.add}
-				l := servePipe(t, srv)
-				client, server := net.Pipe()
-				defer client.Close()
-				lc := &lateConn{Conn: server, delay: 2 * lease}
-				go func() { l.conns <- namedConn{lc, "H"} }()
-				sendAcquire(t, client, "x", lease)
-				mustRead(t, client, TypeAcquired)
-
-				time.Sleep(lease / 2)
-				switch last {
-				case "close":
-					lc.lateRead.Store(true)
-					client.Close()
-				case "heartbeat", "bad byte":
-					lc.lateRead.Store(true)
-					client.Write([]byte{map[string]byte{"heartbeat": TypeHeartbeat, "bad byte": 0x7f}[last]})
-				case "failed write": // the HEARTBEAT's answer, by the session's own goroutine
-					lc.lateWrite.Store(true)
-					client.Write([]byte{TypeHeartbeat})
-				}
-				frames := readRest(client)
-				time.Sleep(3 * lease) // the session decides at 2.5 leases
-				synctest.Wait()
-				var reasons []string
-				for _, e := range ev.snapshot() {
-					if e.Type == EventReleased {
-						reasons = append(reasons, e.Reason)
+		for _, overTLS := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s, TLS %v", last, overTLS), func(t *testing.T) {
+				synctest.Test(t, func(t *testing.T) {
+					const lease = 100 * time.Millisecond
+					var ev eventLog
+					srv := &Server{IOTimeout: time.Second, OnEvent: ev.add}
+					l := servePipe(t, srv)
+					client, server := net.Pipe()
+					lc := &lateConn{Conn: server, delay: 2 * lease}
+					if overTLS {
+						l.acceptTLS(t, lc)
+						client = tls.Client(client, &tls.Config{InsecureSkipVerify: true})
+					} else {
+						go func() { l.conns <- namedConn{lc, "H"} }()
 					}
-				}
-				st := srv.Stats()
-				t.Logf("%s at lease/2, decided at 2.5 leases: frames %+v; released as %v; Releases %v", last, frames, reasons, st.Releases)
-				if len(frames) != 0 {
-					t.Errorf("H was sent %+v after its lease's end", frames)
-				}
-				if !slices.Equal(reasons, []string{ReasonExpired}) || st.Releases[ReasonExpired] != 1 || st.Releases[ReasonGraceful] != 0 {
-					t.Errorf("released as %v, Releases %v; want one release, expired: the lease had passed when the server decided the end", reasons, st.Releases)
-				}
+					defer client.Close()
+					sendAcquire(t, client, "x", lease)
+					mustRead(t, client, TypeAcquired)
+					w := l.dial("W")
+					defer w.Close()
+					sendAcquire(t, w, "x", time.Hour)
+					mustRead(t, w, TypeWaiting)
+
+					time.Sleep(lease / 2)
+					switch last {
+					case "close":
+						lc.lateRead.Store(true)
+						client.Close()
+					case "heartbeat", "bad byte":
+						lc.lateRead.Store(true)
+						client.Write([]byte{map[string]byte{"heartbeat": TypeHeartbeat, "bad byte": 0x7f}[last]})
+					case "failed write": // the HEARTBEAT's answer, by the session's own goroutine
+						lc.lateWrite.Store(true)
+						client.Write([]byte{TypeHeartbeat})
+					}
+					frames := readRest(client)
+					time.Sleep(3 * lease) // the session decides at 2.5 leases
+					mustRead(t, w, TypeAcquired)
+					synctest.Wait()
+					var events []string
+					for _, e := range ev.snapshot() {
+						events = append(events, strings.TrimSpace(e.Type+" "+e.Reason))
+					}
+					st := srv.Stats()
+					t.Logf("%s at lease/2, decided at 2.5 leases: frames %+v; events %v; Releases %v", last, frames, events, st.Releases)
+					if len(frames) != 0 {
+						t.Errorf("H was sent %+v after its lease's end", frames)
+					}
+					if want := []string{EventGranted, EventReleased + " " + ReasonExpired, EventGranted}; !slices.Equal(events, want) || st.Releases[ReasonExpired] != 1 || st.Releases[ReasonGraceful] != 0 {
+						t.Errorf("events %v, Releases %v; want %q and one release, expired: the lease had passed when the server decided the end", events, st.Releases, want)
+					}
+				})
 			})
-		})
+		}
 	}
 }
 
