@@ -917,11 +917,15 @@ func TestFrameAfterTheDeadlineConfirmsNothing(t *testing.T) {
 	c := New(Config{Address: addr, Dialer: dialerFunc(func(ctx context.Context, network, address string) (net.Conn, error) {
 		conn, err := (&net.Dialer{}).DialContext(ctx, network, address)
 		return &hookConn{Conn: conn,
-			onWrite: func() {
+			beforeWrite: func([]byte) error {
 				now := time.Now()
 				acquireSent.CompareAndSwap(nil, &now)
+				return nil
 			},
-			onRead: func() {
+			afterRead: func(n int, _ error) {
+				if n == 0 {
+					return
+				}
 				if reads++; reads == 2 { // the heartbeat's answer: hold it past the deadline
 					for until := acquireSent.Load().Add(lease*8/10 + 2*time.Millisecond); time.Now().Before(until); {
 					}
@@ -941,26 +945,6 @@ func TestFrameAfterTheDeadlineConfirmsNothing(t *testing.T) {
 	if !errors.Is(l.Err(), ErrHeartbeatTimeout) {
 		t.Fatalf("cause %v, want a heartbeat timeout", l.Err())
 	}
-}
-
-// hookConn calls onWrite before each write and onRead after each read
-// that returned bytes, in the caller's goroutine.
-type hookConn struct {
-	net.Conn
-	onWrite, onRead func()
-}
-
-func (c *hookConn) Write(b []byte) (int, error) {
-	c.onWrite()
-	return c.Conn.Write(b)
-}
-
-func (c *hookConn) Read(b []byte) (int, error) {
-	n, err := c.Conn.Read(b)
-	if n > 0 {
-		c.onRead()
-	}
-	return n, err
 }
 
 // A Dialer may return a tls.Client whose handshake has not run: it then

@@ -641,6 +641,33 @@ type pipeAddr string
 func (a pipeAddr) Network() string { return "pipe" }
 func (a pipeAddr) String() string  { return string(a) }
 
+// hookConn is a connection whose Read calls afterRead with
+// its result before returning it, and whose Write calls beforeWrite first
+// (an error from it is the Write's, with nothing written): a test holds
+// the session's goroutines there, as a busy machine may.
+type hookConn struct {
+	net.Conn
+	afterRead   func(n int, err error)
+	beforeWrite func(b []byte) error
+}
+
+func (c *hookConn) Read(b []byte) (int, error) {
+	n, err := c.Conn.Read(b)
+	if c.afterRead != nil {
+		c.afterRead(n, err)
+	}
+	return n, err
+}
+
+func (c *hookConn) Write(b []byte) (int, error) {
+	if c.beforeWrite != nil {
+		if err := c.beforeWrite(b); err != nil {
+			return 0, err
+		}
+	}
+	return c.Conn.Write(b)
+}
+
 type namedConn struct {
 	net.Conn
 	remote pipeAddr

@@ -4445,6 +4445,79 @@ func TestHeartbeatTakenInAfterTheLeaseIsLate(t *testing.T) {
 	}
 }
 
+// A writer that is not the session's own goroutine (here the push's,
+// its write held by a slow client) and takes more for the session after
+// its lease's end, the session's own goroutine not yet back from its read
+// deadline, ends it as expired and writes nothing more (rule 10): the
+// answer to a HEARTBEAT decided before the end is not written after it.
+func TestWriterTakingAfterTheLeaseEndsTheSession(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const lease = 100 * time.Millisecond
+		srv := &Server{IOTimeout: time.Second}
+		l := servePipe(t, srv)
+		a := l.dial("A")
+		defer a.Close()
+		sendAcquire(t, a, "x", time.Hour)
+		mustRead(t, a, TypeAcquired)
+
+		var holdPush, holdRead atomic.Bool
+		released := make(chan struct{})
+		client, server := net.Pipe()
+		defer client.Close()
+		var start time.Time
+		hc := &hookConn{Conn: server,
+			afterRead: func(n int, err error) {
+				if n == 0 && isTimeout(err) && holdRead.Load() {
+					<-released // B's goroutine, its lease passed, not yet at srv.mu
+				}
+			},
+			beforeWrite: func(b []byte) error {
+				if b[0] == TypeAcquired && holdPush.CompareAndSwap(true, false) {
+					time.Sleep(time.Until(start.Add(2 * lease))) // the push's write, taken in time, is slow
+				}
+				return nil
+			}}
+		go func() { l.conns <- namedConn{hc, "B"} }()
+		start = time.Now()
+		sendAcquire(t, client, "x", lease)
+		mustRead(t, client, TypeWaiting)
+		holdPush.Store(true)
+		holdRead.Store(true)
+		type seen struct {
+			f  Frame
+			at time.Duration
+		}
+		got := make(chan []seen)
+		go func() {
+			var fs []seen
+			for {
+				f, err := ReadFrame(client)
+				if err != nil {
+					got <- fs
+					return
+				}
+				fs = append(fs, seen{f, time.Since(start)})
+			}
+		}()
+
+		time.Sleep(lease / 2)
+		a.Close() // B is promoted, its push taken and held
+		time.Sleep(lease / 10)
+		client.Write([]byte{TypeHeartbeat}) // decided at 0.6 lease: B's lease now ends at 1.6
+		time.Sleep(3 * lease)               // the push is written at 2 leases, its writer takes again
+		close(released)
+		frames := <-got
+		synctest.Wait()
+		t.Logf("B read %+v; Releases %v", frames, srv.Stats().Releases)
+		if len(frames) != 1 || frames[0].f.Type != TypeAcquired {
+			t.Errorf("B read %+v, want only the push: the HEARTBEAT's answer was taken after B's lease's end", frames)
+		}
+		if st := srv.Stats(); st.Releases[ReasonExpired] != 1 || st.Releases[ReasonGraceful] != 1 {
+			t.Errorf("Releases %v, want A's graceful and B's expired", st.Releases)
+		}
+	})
+}
+
 // However a live session's end is met, if the server decides it (under
 // srv.mu) after the lease's end, the session is released as expired (rule
 // 10), with no frame, and its waiter promoted: its close or a failed write
@@ -4460,7 +4533,20 @@ func TestEndDecidedAfterTheLeaseIsExpired(t *testing.T) {
 					srv := &Server{IOTimeout: time.Second, OnEvent: ev.add}
 					l := servePipe(t, srv)
 					client, server := net.Pipe()
-					lc := &lateConn{Conn: server, delay: 2 * lease}
+					var lateRead, lateWrite atomic.Bool // the session's goroutine held 2 leases after its read, or before its write
+					lc := &hookConn{Conn: server,
+						afterRead: func(int, error) {
+							if lateRead.Load() {
+								time.Sleep(2 * lease)
+							}
+						},
+						beforeWrite: func([]byte) error {
+							if lateWrite.Load() {
+								time.Sleep(2 * lease)
+								return &net.OpError{Op: "write", Net: "pipe", Err: syscall.ECONNRESET}
+							}
+							return nil
+						}}
 					if overTLS {
 						l.acceptTLS(t, lc)
 						client = tls.Client(client, &tls.Config{InsecureSkipVerify: true})
@@ -4478,13 +4564,13 @@ func TestEndDecidedAfterTheLeaseIsExpired(t *testing.T) {
 					time.Sleep(lease / 2)
 					switch last {
 					case "close":
-						lc.lateRead.Store(true)
+						lateRead.Store(true)
 						client.Close()
 					case "heartbeat", "bad byte":
-						lc.lateRead.Store(true)
+						lateRead.Store(true)
 						client.Write([]byte{map[string]byte{"heartbeat": TypeHeartbeat, "bad byte": 0x7f}[last]})
 					case "failed write": // the HEARTBEAT's answer, by the session's own goroutine
-						lc.lateWrite.Store(true)
+						lateWrite.Store(true)
 						client.Write([]byte{TypeHeartbeat})
 					}
 					frames := readRest(client)
@@ -4507,30 +4593,4 @@ func TestEndDecidedAfterTheLeaseIsExpired(t *testing.T) {
 			})
 		}
 	}
-}
-
-// lateConn is the server's end of a pipe whose reads, once lateRead is
-// set, and writes, once lateWrite is, reach the session only delay later,
-// the write failing with a reset: the session's goroutine is held between
-// the I/O and its decision, as on a busy machine.
-type lateConn struct {
-	net.Conn
-	delay               time.Duration
-	lateRead, lateWrite atomic.Bool
-}
-
-func (c *lateConn) Read(b []byte) (int, error) {
-	n, err := c.Conn.Read(b)
-	if c.lateRead.Load() {
-		time.Sleep(c.delay)
-	}
-	return n, err
-}
-
-func (c *lateConn) Write(b []byte) (int, error) {
-	if c.lateWrite.Load() {
-		time.Sleep(c.delay)
-		return 0, &net.OpError{Op: "write", Net: "pipe", Err: syscall.ECONNRESET}
-	}
-	return c.Conn.Write(b)
 }

@@ -47,7 +47,7 @@ import (
 //     watchLeaseLocked (TLS, another's write); heartbeatLocked and
 //     joinLocked before they decide; endLocked, given an end without a
 //     code (a close, a failed write); and expireLocked for those who find
-//     it (promoteLocked, kick, Shutdown).
+//     it (promoteLocked, kick, Shutdown, another's writer at each take).
 
 // DefaultIOTimeout is the io-timeout of a Server whose IOTimeout is zero.
 const DefaultIOTimeout = 5 * time.Second
@@ -431,7 +431,7 @@ func (s *session) acquire() (time.Time, error) {
 		return time.Time{}, errEndedHere
 	}
 	deadline := s.leaseEndLocked()
-	s.drainOwnLocked(true)
+	s.drainOwnLocked()
 	return deadline, nil
 }
 
@@ -481,7 +481,7 @@ func (s *session) run(deadline time.Time) {
 			return
 		}
 		deadline = s.leaseEndLocked()
-		s.drainOwnLocked(true)
+		s.drainOwnLocked()
 		if pause > 0 { // no longer than the lease: its end is seen on time
 			time.Sleep(min(pause, time.Until(deadline)))
 		}
@@ -523,7 +523,7 @@ func (s *session) endOwnLocked(why error) {
 		runtime.Gosched()
 		srv.mu.Lock()
 	}
-	s.drainOwnLocked(true)
+	s.drainOwnLocked()
 	if log := srv.log(); log.Enabled(context.Background(), slog.LevelDebug) { // no allocations per session otherwise
 		log.Debug("session ended", "remote", s.remote, "lock", s.name, "why", why)
 	}
@@ -737,13 +737,13 @@ func (srv *Server) wakeLocked(s *session) {
 
 // drainOwnLocked writes on s's goroutine what it decided, unless a writer
 // is at work and will. It releases srv.mu.
-func (s *session) drainOwnLocked(own bool) {
+func (s *session) drainOwnLocked() {
 	if s.writing {
 		s.srv.mu.Unlock()
 		return
 	}
 	s.writing = true
-	s.drainLocked(own)
+	s.drainLocked(true)
 }
 
 // The reasons of a release.
@@ -775,6 +775,9 @@ func releaseReason(why error) string {
 func (s *session) drainLocked(own bool) {
 	srv := s.srv
 	for {
+		if !own {
+			srv.expireLocked(s) // its own writes have the lease's end as their deadline
+		}
 		b, fin, due := s.takeLocked(own)
 		if b == nil {
 			s.writing = false
@@ -1082,8 +1085,8 @@ func (srv *Server) ForceRelease(name string, token uint64) (SessionInfo, error) 
 	})
 }
 
-// KickWaiter ends the waiter of name at remoteAddr: it leaves the queue at
-// once, unpromoted, and is sent ERROR 0x02 and closed. As for ForceRelease,
+// KickWaiter ends the first waiter of name at remoteAddr (not unique on a
+// Unix socket, say): it leaves the queue at once, unpromoted, and is sent ERROR 0x02 and closed. As for ForceRelease,
 // an expired holder is released first, which may promote that waiter
 // (ErrNotFound), and a waiter past its lease is closed as expired.
 func (srv *Server) KickWaiter(name, remoteAddr string) (SessionInfo, error) {

@@ -391,6 +391,11 @@ mutant lease-zero-accepted protocol.go 'TestErrorCodes' . \
   'if f.LeaseMS == 0 {' \
   'if f.LeaseMS == 0 && false {'
 
+# Rule 10 (drainLocked): another goroutine's writer takes, and writes, an
+# answer for a session whose lease has passed (the nineteenth review).
+mutant writer-ignores-the-lease server.go 'TestWriterTakingAfterTheLeaseEndsTheSession' . \
+  'srv.expireLocked(s) // its own writes have' \
+  '_ = 0 // its own writes have'
 # Rule 10 (endLocked): a close or a failed write decided after the lease's
 # end counts a "graceful" release (the eighteenth review).
 mutant end-ignores-the-lease server.go 'TestEndDecidedAfterTheLeaseIsExpired' . \

@@ -414,9 +414,13 @@ inline frameEnd() {
 }
 
 /* drainLocked(own), entered holding srv.mu and the writer's role. */
-inline drainLocked(x) {
+inline drainLocked(x, own) {
 	do
-	:: /* takeLocked */
+	:: if	/* expireLocked: another's writer may find x past its lease (rule 10) */
+		:: !own && (phase[x] == WAITING || phase[x] == HOLDING) -> printf("MSC: S%d: the writer finds its lease passed\n", x); stopLocked(x, NOCODE)
+		:: true
+		fi;
+		/* takeLocked */
 		bw = 0; ba = 0; bfin = NOCODE;
 		if
 		:: phase[x] == CLOSED
@@ -522,7 +526,7 @@ inline drainLocked(x) {
 proctype writer(byte s) {
 	LOCALS;
 	atomic { lockMu };
-	drainLocked(s)
+	drainLocked(s, false)
 }
 
 /* The session's goroutine (acquire, then run): it has joined (joinLocked
@@ -535,14 +539,14 @@ proctype reader(byte s) {
 
 	atomic { lockMu };
 	do
-	:: /* drainOwnLocked(true) */
+	:: /* drainOwnLocked() */
 #ifndef MUT_TWO_WRITERS
 		if
 		:: writing[s] -> unlock()
-		:: else -> writing[s] = true; drainLocked(s)
+		:: else -> writing[s] = true; drainLocked(s, true)
 		fi;
 #else
-		writing[s] = true; drainLocked(s);
+		writing[s] = true; drainLocked(s, true);
 #endif
 		if
 		:: done -> break
