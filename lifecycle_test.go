@@ -4445,6 +4445,35 @@ func TestHeartbeatTakenInAfterTheLeaseIsLate(t *testing.T) {
 	}
 }
 
+// A HEARTBEAT that reaches the server exactly at lastSeenAt + lease is
+// late: unanswered, not counted, the session released as expired; one a
+// nanosecond sooner is answered and renews the lease.
+func TestHeartbeatAtTheEndOfTheLeaseIsLate(t *testing.T) {
+	for _, early := range []time.Duration{0, time.Nanosecond} {
+		t.Run(fmt.Sprintf("%v before the end", early), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				const lease = 100 * time.Millisecond
+				srv := &Server{IOTimeout: time.Second}
+				l := servePipe(t, srv)
+				c := l.dial("H")
+				defer c.Close()
+				sendAcquire(t, c, "x", lease)
+				mustRead(t, c, TypeAcquired)
+				time.Sleep(lease - early)
+				c.Write([]byte{TypeHeartbeat}) // fails if the server has closed
+				frames := readRest(c)
+				synctest.Wait()
+				st := srv.Stats()
+				t.Logf("frames %+v; Heartbeats %d; Releases %v", frames, st.Heartbeats, st.Releases)
+				want := map[bool]int{true: 0, false: 1}[early == 0]
+				if len(frames) != want || uint64(want) != st.Heartbeats || st.Releases[ReasonExpired] != 1 {
+					t.Errorf("read %+v, Heartbeats %d, Releases %v; want %d answers and heartbeats, and the release expired", frames, st.Heartbeats, st.Releases, want)
+				}
+			})
+		})
+	}
+}
+
 // A writer that is not the session's own goroutine (here the push's,
 // its write held by a slow client) and takes more for the session after
 // its lease's end, the session's own goroutine not yet back from its read

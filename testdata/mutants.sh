@@ -351,6 +351,9 @@ mutant lease-ends-after-its-end server.go 'TestPromotionSkipsAWaiterAtTheEndOfIt
 mutant lease-ends-after-its-end-join server.go 'TestNoGrantWhenAuthorizeOutlastsTheLease' . \
   'return !now.Before(s.leaseEndLocked())' \
   'return now.After(s.leaseEndLocked())'
+mutant lease-ends-after-its-end-heartbeat server.go 'TestHeartbeatAtTheEndOfTheLeaseIsLate' . \
+  'return !now.Before(s.leaseEndLocked())' \
+  'return now.After(s.leaseEndLocked())'
 mutant shutdown-release-forced server.go 'TestStatsCountWhatHappened' . \
   'case errors.Is(why, ErrClosedByAdmin):' \
   'case errors.Is(why, ErrClosedByAdmin), errors.Is(why, ErrShuttingDown):'
