@@ -4285,6 +4285,49 @@ func TestAdminFindingAnExpiredSessionEndsItAsExpired(t *testing.T) {
 	}
 }
 
+// KickWaiter names a waiter by its address, which connections may share
+// (a Unix socket's): the first waiter there, past its lease, is closed as
+// expired, with no frame, and the next there ended with ERROR 0x02, as had
+// the first one's read seen its lease's end before the call.
+func TestKickWaiterAtASharedAddress(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const lease = 100 * time.Millisecond
+		srv := &Server{IOTimeout: time.Second}
+		l := servePipe(t, srv)
+		h := l.dial("H")
+		defer h.Close()
+		sendAcquire(t, h, "x", time.Hour)
+		mustRead(t, h, TypeAcquired)
+		w1, hc := l.dialHeld("W")
+		defer w1.Close()
+		sendAcquire(t, w1, "x", lease)
+		mustRead(t, w1, TypeWaiting)
+		w2 := l.dial("W")
+		defer w2.Close()
+		sendAcquire(t, w2, "x", time.Hour)
+		mustRead(t, w2, TypeWaiting)
+
+		<-hc.timedOut // W1's lease has passed; its goroutine is held
+		info, err := srv.KickWaiter("x", "W")
+		close(hc.release)
+		got1, got2 := readRest(w1), readRest(w2)
+		synctest.Wait()
+		t.Logf("KickWaiter: %+v, %v; W1 read %+v; W2 read %+v", info, err, got1, got2)
+		if err != nil || info.Lease != time.Hour {
+			t.Errorf("KickWaiter returned %+v, %v; want the second waiter at W", info, err)
+		}
+		if len(got1) != 0 {
+			t.Errorf("W1, past its lease, read %+v", got1)
+		}
+		if len(got2) != 1 || got2[0].Type != TypeError || got2[0].Code != CodeClosedByAdmin {
+			t.Errorf("W2 read %+v, want ERROR 0x02", got2)
+		}
+		if li, _ := srv.Lock("x"); len(li.Waiters) != 0 {
+			t.Errorf("waiters left: %+v", li.Waiters)
+		}
+	})
+}
+
 // Whether an administrator finds an expired holder H before its read
 // reports the lease's end (kick first) or after (read first), with or
 // without a waiter W, the call answers the same and leaves the lock the

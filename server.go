@@ -1085,10 +1085,12 @@ func (srv *Server) ForceRelease(name string, token uint64) (SessionInfo, error) 
 	})
 }
 
-// KickWaiter ends the first waiter of name at remoteAddr (not unique on a
-// Unix socket, say): it leaves the queue at once, unpromoted, and is sent ERROR 0x02 and closed. As for ForceRelease,
-// an expired holder is released first, which may promote that waiter
-// (ErrNotFound), and a waiter past its lease is closed as expired.
+// KickWaiter ends the first waiter of name at remoteAddr: it leaves the
+// queue at once, unpromoted, and is sent ERROR 0x02 and closed. As for
+// ForceRelease, an expired holder is released first, which may promote
+// that waiter (ErrNotFound), and a waiter past its lease is closed as
+// expired, and then the next at remoteAddr, where connections share an
+// address (a Unix socket's), is ended.
 func (srv *Server) KickWaiter(name, remoteAddr string) (SessionInfo, error) {
 	return srv.kick(name, EventKickWaiter, func(l *lock) (*session, error) {
 		for e := l.waiters.Front(); e != nil; e = e.Next() {
