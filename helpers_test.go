@@ -611,6 +611,16 @@ func (l *pipeListener) dial(remote string) net.Conn {
 	return client
 }
 
+// holder dials as remote and returns the client's end once it holds name,
+// for an hour; the test's end closes it.
+func (l *pipeListener) holder(t *testing.T, remote, name string) net.Conn {
+	c := l.dial(remote)
+	t.Cleanup(func() { c.Close() })
+	sendAcquire(t, c, name, time.Hour)
+	mustRead(t, c, TypeAcquired)
+	return c
+}
+
 // acceptTLS has the server accept server, its end of a pipe, under TLS
 // with a self-signed certificate.
 func (l *pipeListener) acceptTLS(t *testing.T, server net.Conn) {

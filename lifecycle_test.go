@@ -4294,10 +4294,7 @@ func TestKickWaiterAtASharedAddress(t *testing.T) {
 		const lease = 100 * time.Millisecond
 		srv := &Server{IOTimeout: time.Second}
 		l := servePipe(t, srv)
-		h := l.dial("H")
-		defer h.Close()
-		sendAcquire(t, h, "x", time.Hour)
-		mustRead(t, h, TypeAcquired)
+		l.holder(t, "H", "x")
 		w1, hc := l.dialHeld("W")
 		defer w1.Close()
 		sendAcquire(t, w1, "x", lease)
@@ -4402,10 +4399,7 @@ func TestShutdownFindingAnExpiredSessionEndsItAsExpired(t *testing.T) {
 				srv := &Server{IOTimeout: time.Second}
 				l := servePipe(t, srv)
 				if !holder {
-					h := l.dial("H")
-					defer h.Close()
-					sendAcquire(t, h, "x", time.Hour)
-					mustRead(t, h, TypeAcquired)
+					h := l.holder(t, "H", "x")
 					go readRest(h) // H reads its ERROR 0x01
 				}
 				client, hc := l.dialHeld("S")
@@ -4527,10 +4521,7 @@ func TestWriterTakingAfterTheLeaseEndsTheSession(t *testing.T) {
 		const lease = 100 * time.Millisecond
 		srv := &Server{IOTimeout: time.Second}
 		l := servePipe(t, srv)
-		a := l.dial("A")
-		defer a.Close()
-		sendAcquire(t, a, "x", time.Hour)
-		mustRead(t, a, TypeAcquired)
+		a := l.holder(t, "A", "x")
 
 		var holdPush, holdRead atomic.Bool
 		released := make(chan struct{})
