@@ -27,8 +27,9 @@ import (
 //     (setting a deadline is not I/O: it never waits).
 //  2. Frames are decided only by owe, for a live session, and endLocked,
 //     for one not yet ending.
-//  3. drainLocked alone writes, holding the writer's role, which only
-//     wakeLocked and drainOwnLocked hand out.
+//  3. drainLocked alone writes frames, holding the writer's role, which
+//     only wakeLocked and drainOwnLocked hand out (crypto/tls writes its
+//     own records, a KeyUpdate's answer or an alert, inside a read).
 //  4. endLocked is the only way out of the table; dropLocked, called by it
 //     and by stopLocked for another party's end, drops what was decided and
 //     not yet taken, unless the session's own bad frame ended it.
@@ -59,7 +60,9 @@ var ErrServerClosed = errors.New("monolock: server closed")
 // value is ready to use; its fields must not change once it serves.
 type Server struct {
 	// IOTimeout bounds the first frame's wait, the rest of a frame once
-	// begun, the TLS handshake and every write. Zero: DefaultIOTimeout.
+	// begun, the TLS handshake and every write (a session's own writes, and
+	// TLS's inside its read, by its lease's end if sooner). Zero:
+	// DefaultIOTimeout.
 	IOTimeout time.Duration
 
 	// Logger, if set, receives diagnostics; failed TLS handshakes and
@@ -468,6 +471,9 @@ func (s *session) run(deadline time.Time) {
 				s.end(err)
 				return
 			}
+			if s.tls != nil {
+				n = s.readHeld(n)
+			}
 			if s.r, s.w = 0, uint8(n); n > 1 {
 				pause = time.Duration(n) * floodPause
 			}
@@ -486,6 +492,22 @@ func (s *session) run(deadline time.Time) {
 			time.Sleep(min(pause, time.Until(deadline)))
 		}
 	}
+}
+
+// readHeld adds to rbuf[:n] what crypto/tls already holds, without waiting
+// (a past deadline fails only a read that needs the socket): it returns
+// one record a Read, and a burst of one-byte records must be read, and
+// paused for, as the same bytes over TCP. An error is left for the next
+// read, which crypto/tls gives it again.
+func (s *session) readHeld(n int) int {
+	s.conn.SetReadDeadline(time.Unix(1, 0))
+	for n < len(s.rbuf) {
+		m, err := s.conn.Read(s.rbuf[n:])
+		if n += m; err != nil {
+			break
+		}
+	}
+	return n
 }
 
 // scan takes the heartbeats in rbuf, then the error of a bad frame.
