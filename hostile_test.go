@@ -431,10 +431,10 @@ func TestFloodPauseFollowsReadsWhileWaitingOrHolding(t *testing.T) {
 // crypto/tls returns one record's bytes a Read, so a burst of HEARTBEATs
 // each in its own record, arriving together, was read a byte at a time and
 // never paused (the twentieth review: a TLS client answered 114,059 times
-// a second, against about 990 over TCP). The session takes what crypto/tls
-// already holds, up to len(rbuf), as one read: two bursts of 32 one-byte
-// records, each burst in one write of the connection, are answered after
-// at least 32 ms of pauses, as the same 64 bytes over TCP. Fake time.
+// a second, against about 990 over TCP). Over TLS every read is paused, a
+// millisecond a byte: two bursts of 32 one-byte records, each burst in one
+// write of the connection, are answered a millisecond apart, the last at
+// 63 ms. Fake time: exact.
 func TestFloodPauseOverTLS(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		srv := &Server{}
@@ -457,10 +457,8 @@ func TestFloodPauseOverTLS(t *testing.T) {
 				mustRead(t, c, TypeAcquired)
 			}
 		}
-		if d := time.Since(start); d < 32*floodPause {
-			t.Errorf("64 HEARTBEATs in two bursts of one-byte TLS records answered in %v; want the pause, at least %v", d, 32*floodPause)
-		} else {
-			t.Logf("64 HEARTBEATs in two bursts of one-byte TLS records answered in %v", d)
+		if d := time.Since(start); d != 63*floodPause {
+			t.Errorf("64 HEARTBEATs in two bursts of one-byte TLS records answered in %v; want %v, a pause of a millisecond after each", d, 63*floodPause)
 		}
 	})
 }

@@ -455,8 +455,8 @@ func (s *session) Read(p []byte) (int, error) {
 
 // run reads and answers heartbeats until the session ends: len(rbuf) bytes
 // at most a read, answered before the next, and after a read of more than
-// one byte a pause of floodPause a byte (why: docs/sessions.md, "A flood
-// harms only the flooder").
+// one byte, or any over TLS, a pause of floodPause a byte (why:
+// docs/sessions.md, "A flood harms only the flooder").
 func (s *session) run(deadline time.Time) {
 	srv := s.srv
 	for {
@@ -471,10 +471,7 @@ func (s *session) run(deadline time.Time) {
 				s.end(err)
 				return
 			}
-			if s.tls != nil {
-				n = s.readHeld(n)
-			}
-			if s.r, s.w = 0, uint8(n); n > 1 {
+			if s.r, s.w = 0, uint8(n); n > 1 || s.tls != nil { // a TLS read is one record, however many came
 				pause = time.Duration(n) * floodPause
 			}
 		}
@@ -492,22 +489,6 @@ func (s *session) run(deadline time.Time) {
 			time.Sleep(min(pause, time.Until(deadline)))
 		}
 	}
-}
-
-// readHeld adds to rbuf[:n] what crypto/tls already holds, without waiting
-// (a past deadline fails only a read that needs the socket): it returns
-// one record a Read, and a burst of one-byte records must be read, and
-// paused for, as the same bytes over TCP. An error is left for the next
-// read, which crypto/tls gives it again.
-func (s *session) readHeld(n int) int {
-	s.conn.SetReadDeadline(time.Unix(1, 0))
-	for n < len(s.rbuf) {
-		m, err := s.conn.Read(s.rbuf[n:])
-		if n += m; err != nil {
-			break
-		}
-	}
-	return n
 }
 
 // scan takes the heartbeats in rbuf, then the error of a bad frame.

@@ -397,8 +397,8 @@ mutant lease-zero-accepted protocol.go 'TestErrorCodes' . \
 # run: over TLS a read is one record, so a burst of one-byte records is
 # never paused (the twentieth review).
 mutant tls-burst-unpaused server.go 'TestFloodPauseOverTLS' . \
-  $'if s.tls != nil {\n\t\t\t\tn = s.readHeld(n)' \
-  $'if false {\n\t\t\t\tn = s.readHeld(n)'
+  'n > 1 || s.tls != nil {' \
+  'n > 1 {'
 # Rule 10 (drainLocked): another goroutine's writer takes, and writes, an
 # answer for a session whose lease has passed (the nineteenth review).
 mutant writer-ignores-the-lease server.go 'TestWriterTakingAfterTheLeaseEndsTheSession' . \
