@@ -60,9 +60,9 @@ var ErrServerClosed = errors.New("monolock: server closed")
 // value is ready to use; its fields must not change once it serves.
 type Server struct {
 	// IOTimeout bounds the first frame's wait, the rest of a frame once
-	// begun, the TLS handshake and every write (a session's own writes, and
-	// TLS's inside its read, by its lease's end if sooner). Zero:
-	// DefaultIOTimeout.
+	// begun, the TLS handshake and every write, but a session's own (by its
+	// lease's end if sooner) and TLS's inside its read (by its lease's end).
+	// Zero: DefaultIOTimeout.
 	IOTimeout time.Duration
 
 	// Logger, if set, receives diagnostics; failed TLS handshakes and
@@ -79,8 +79,8 @@ type Server struct {
 
 	// OnEvent, if set, is told of every grant, release, denial and admin
 	// action, one call at a time in table order, with no lock held. Up to
-	// 16384 events wait while it is busy; more are dropped (Stats.
-	// EventsDropped). Shutdown waits for them until its ctx ends (as
+	// 16384 events wait while it is busy, those it is being told included;
+	// more are dropped (Stats.EventsDropped). Shutdown waits for them until its ctx ends (as
 	// for Authorize, call Shutdown from it only on another goroutine).
 	OnEvent func(Event)
 
@@ -97,6 +97,7 @@ type Server struct {
 	counts     Stats         // all but the gauges
 	events     []Event       // not yet delivered
 	delivering bool          // an event goroutine runs
+	telling    int           // events of the batch it is telling OnEvent
 }
 
 const maxQueuedEvents = 1 << 14 // the memory a stalled OnEvent can hold
@@ -930,7 +931,7 @@ func (srv *Server) emitLocked(ev Event, s *session) {
 	if srv.OnEvent == nil {
 		return
 	}
-	if len(srv.events) >= maxQueuedEvents {
+	if len(srv.events)+srv.telling >= maxQueuedEvents {
 		srv.counts.EventsDropped++
 		return
 	}
@@ -948,14 +949,14 @@ func (srv *Server) deliver() {
 	srv.mu.Lock()
 	for len(srv.events) > 0 {
 		batch := srv.events
-		srv.events = nil
+		srv.events, srv.telling = nil, len(batch) // held till all are told
 		srv.mu.Unlock()
 		for _, ev := range batch {
 			srv.OnEvent(ev)
 		}
 		srv.mu.Lock()
 	}
-	srv.delivering = false
+	srv.delivering, srv.telling = false, 0
 	srv.mu.Unlock()
 }
 
