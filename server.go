@@ -79,8 +79,8 @@ type Server struct {
 
 	// OnEvent, if set, is told of every grant, release, denial and admin
 	// action, one call at a time in table order, with no lock held. Up to
-	// 16384 events wait while it is busy, those it is being told included;
-	// more are dropped (Stats.EventsDropped). Shutdown waits for them until its ctx ends (as
+	// 16384 events queue behind the batch it is being told (so up to twice
+	// that are held); more are dropped (Stats.EventsDropped). Shutdown waits for them until its ctx ends (as
 	// for Authorize, call Shutdown from it only on another goroutine).
 	OnEvent func(Event)
 
@@ -97,7 +97,6 @@ type Server struct {
 	counts     Stats         // all but the gauges
 	events     []Event       // not yet delivered
 	delivering bool          // an event goroutine runs
-	telling    int           // events of the batch it is telling OnEvent
 }
 
 const maxQueuedEvents = 1 << 14 // the memory a stalled OnEvent can hold
@@ -931,7 +930,7 @@ func (srv *Server) emitLocked(ev Event, s *session) {
 	if srv.OnEvent == nil {
 		return
 	}
-	if len(srv.events)+srv.telling >= maxQueuedEvents {
+	if len(srv.events) >= maxQueuedEvents {
 		srv.counts.EventsDropped++
 		return
 	}
@@ -949,14 +948,14 @@ func (srv *Server) deliver() {
 	srv.mu.Lock()
 	for len(srv.events) > 0 {
 		batch := srv.events
-		srv.events, srv.telling = nil, len(batch) // held till all are told
+		srv.events = nil
 		srv.mu.Unlock()
 		for _, ev := range batch {
 			srv.OnEvent(ev)
 		}
 		srv.mu.Lock()
 	}
-	srv.delivering, srv.telling = false, 0
+	srv.delivering = false
 	srv.mu.Unlock()
 }
 

@@ -137,7 +137,7 @@ mutant force-release-ignores-token server.go 'TestForceReleaseByToken' . \
   'case token != 0 && h.token != token:' \
   'case false:'
 mutant events-unbounded server.go 'TestStalledOnEventIsBounded' . \
-  'if len(srv.events)+srv.telling >= maxQueuedEvents {' \
+  'if len(srv.events) >= maxQueuedEvents {' \
   'if false {'
 mutant shutdown-unbounded server.go 'TestShutdownOverTLSReturnsAtTheIOTimeout|TestShutdownFinalErrorIsBoundedByTheIOTimeout' . \
   'bound := time.AfterFunc(srv.ioTimeout(),' \
@@ -394,11 +394,6 @@ mutant lease-zero-accepted protocol.go 'TestErrorCodes' . \
   'if f.LeaseMS == 0 {' \
   'if f.LeaseMS == 0 && false {'
 
-# deliver: the batch OnEvent is being told is not counted against the
-# bound, so a stalled OnEvent holds twice as many (the twenty-first review).
-mutant events-bound-ignores-the-batch server.go 'TestEventsHeldForAStalledOnEventStayBounded' . \
-  'if len(srv.events)+srv.telling >= maxQueuedEvents {' \
-  'if len(srv.events) >= maxQueuedEvents {'
 # run: over TLS a read is one record, so a burst of one-byte records is
 # never paused (the twentieth review).
 mutant tls-burst-unpaused server.go 'TestFloodPauseOverTLS' . \
