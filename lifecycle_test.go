@@ -4304,7 +4304,7 @@ func TestKickWaiterAtASharedAddress(t *testing.T) {
 		sendAcquire(t, w2, "x", time.Hour)
 		mustRead(t, w2, TypeWaiting)
 
-		<-hc.timedOut // W1's lease has passed; its goroutine is held
+		await(t, hc.timedOut, "W1's read deadline") // W1's lease has passed; its goroutine is held
 		info, err := srv.KickWaiter("x", "W")
 		close(hc.release)
 		got1, got2 := readRest(w1), readRest(w2)
@@ -4551,6 +4551,7 @@ func TestWriterTakingAfterTheLeaseEndsTheSession(t *testing.T) {
 			at time.Duration
 		}
 		got := make(chan []seen)
+		client.SetReadDeadline(time.Now().Add(time.Minute))
 		go func() {
 			var fs []seen
 			for {
@@ -4569,7 +4570,7 @@ func TestWriterTakingAfterTheLeaseEndsTheSession(t *testing.T) {
 		client.Write([]byte{TypeHeartbeat}) // decided at 0.6 lease: B's lease now ends at 1.6
 		time.Sleep(3 * lease)               // the push is written at 2 leases, its writer takes again
 		close(released)
-		frames := <-got
+		frames := await(t, got, "the end of B's stream")
 		synctest.Wait()
 		t.Logf("B read %+v; Releases %v", frames, srv.Stats().Releases)
 		if len(frames) != 1 || frames[0].f.Type != TypeAcquired {

@@ -80,8 +80,9 @@ type Server struct {
 	// OnEvent, if set, is told of every grant, release, denial and admin
 	// action, one call at a time in table order, with no lock held. Up to
 	// 16384 events queue behind the batch it is being told (so up to twice
-	// that are held); more are dropped (Stats.EventsDropped). Shutdown waits for them until its ctx ends (as
-	// for Authorize, call Shutdown from it only on another goroutine).
+	// that are held); more are dropped (Stats.EventsDropped). Shutdown
+	// waits for them until its ctx ends (as for Authorize, call Shutdown
+	// from it only on another goroutine).
 	OnEvent func(Event)
 
 	closing                 atomic.Bool
@@ -643,11 +644,12 @@ func (srv *Server) endLocked(s *session, why error) {
 	if s.phase == phaseHandshake {
 		why = nil // a frame now would only start another handshake
 	}
-	if _, ok := codeOf(why); !ok && s.live() && s.expiredLocked(time.Now()) {
+	_, coded := codeOf(why)
+	if !coded && s.live() && s.expiredLocked(time.Now()) {
 		why = errExpired // a close, or a failed write, met past the lease (rule 10)
 	}
 	s.phase, s.final = phaseEnding, nil
-	if _, ok := codeOf(why); ok {
+	if coded {
 		s.final = why
 	} else { // an end without a word: nothing more is written
 		s.dropLocked()
