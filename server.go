@@ -79,8 +79,8 @@ type Server struct {
 
 	// OnEvent, if set, is told of every grant, release, denial and admin
 	// action, one call at a time in table order, with no lock held. Up to
-	// 16384 events queue behind the batch it is being told (so up to twice
-	// that are held); more are dropped (Stats.EventsDropped). Shutdown
+	// 16384 events not yet told are held for it, the one it is being told
+	// included; more are dropped (Stats.EventsDropped). Shutdown
 	// waits for them until its ctx ends (as for Authorize, call Shutdown
 	// from it only on another goroutine).
 	OnEvent func(Event)
@@ -96,8 +96,14 @@ type Server struct {
 	lastToken  uint64
 	done       chan struct{} // closed when shutdown begins
 	counts     Stats         // all but the gauges
-	events     []Event       // not yet delivered
+	events     []Event       // queued for the event goroutine
 	delivering bool          // an event goroutine runs
+
+	// untold counts the events queued or in the batch being told, less
+	// those told: the bound's count. Only emitLocked adds to it, under mu,
+	// so a check then an add cannot overshoot; deliver counts each event
+	// down as it is told, without mu, so OnEvent keeping up never drops.
+	untold atomic.Int64
 }
 
 const maxQueuedEvents = 1 << 14 // the memory a stalled OnEvent can hold
@@ -932,12 +938,13 @@ func (srv *Server) emitLocked(ev Event, s *session) {
 	if srv.OnEvent == nil {
 		return
 	}
-	if len(srv.events) >= maxQueuedEvents {
+	if srv.untold.Load() >= maxQueuedEvents {
 		srv.counts.EventsDropped++
 		return
 	}
 	ev.Time, ev.Lock, ev.Identity, ev.RemoteAddr = time.Now(), s.name, s.identity, s.remote
 	srv.events = append(srv.events, ev)
+	srv.untold.Add(1)
 	if !srv.delivering {
 		srv.delivering = true
 		srv.wg.Add(1)
@@ -952,8 +959,10 @@ func (srv *Server) deliver() {
 		batch := srv.events
 		srv.events = nil
 		srv.mu.Unlock()
-		for _, ev := range batch {
+		for i, ev := range batch {
+			batch[i] = Event{} // a told event holds no memory a stalled OnEvent keeps
 			srv.OnEvent(ev)
+			srv.untold.Add(-1)
 		}
 		srv.mu.Lock()
 	}

@@ -1095,6 +1095,64 @@ func nonzero[K comparable](m map[K]uint64) map[K]uint64 {
 	return out
 }
 
+// The bound on events held for a slow OnEvent counts every event not yet
+// told, the batch it is being told included, and no event already told:
+// stalled near the end of a full batch it takes the next events in, and
+// stalled again it holds no more than the bound.
+func TestEventsHeldForOnEventAreTheUntoldOnes(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		stall, stalls := make(chan struct{}), true
+		defer func() { // on a failure too, lets the event goroutine end
+			stalls = false
+			close(stall)
+		}()
+		told, emitted := 0, 0
+		srv := &Server{OnEvent: func(Event) {
+			told++
+			if stalls && (told == 1 || told == maxQueuedEvents) {
+				<-stall
+			}
+		}}
+		emit := func(n int) {
+			emitted += n
+			srv.mu.Lock()
+			for range n {
+				srv.emitLocked(Event{Type: EventDenied}, &session{})
+			}
+			srv.mu.Unlock()
+			synctest.Wait()
+		}
+		held := func() int { return emitted - int(srv.Stats().EventsDropped) - told + 1 } // the one being told is held
+		emit(1)                   // told, and stalled on
+		emit(maxQueuedEvents - 1) // the queue behind it: the bound reached
+		emit(1)
+		if d := srv.Stats().EventsDropped; d != 1 || held() != maxQueuedEvents {
+			t.Fatalf("%d dropped, %d held; want 1 dropped past %d held", d, held(), maxQueuedEvents)
+		}
+		// The first returns; the batch behind it is told up to its last
+		// event, which stalls: one event is held.
+		stall <- struct{}{}
+		synctest.Wait()
+		if told != maxQueuedEvents {
+			t.Fatalf("OnEvent told %d, want %d", told, maxQueuedEvents)
+		}
+		emit(100)
+		if d := srv.Stats().EventsDropped; d != 1 {
+			t.Fatalf("%d of 100 events dropped with one held: events already told still count against the bound", d-1)
+		}
+		emit(maxQueuedEvents)
+		if d := srv.Stats().EventsDropped; held() != maxQueuedEvents || d != 1+101 {
+			t.Errorf("%d events held, %d dropped; want %d held and %d dropped", held(), d, maxQueuedEvents, 1+101)
+		}
+		stalls = false
+		stall <- struct{}{}
+		synctest.Wait()
+		if want := emitted - int(srv.Stats().EventsDropped); told != want {
+			t.Errorf("OnEvent told %d, want %d: every event held", told, want)
+		}
+	})
+}
+
 // An OnEvent that never returns costs bounded memory and counted events,
 // and Shutdown still returns when its context ends.
 func TestStalledOnEventIsBounded(t *testing.T) {
@@ -1124,11 +1182,11 @@ func TestStalledOnEventIsBounded(t *testing.T) {
 		srv.mu.Lock()
 		queued := len(srv.events)
 		srv.mu.Unlock()
-		// Every event is queued, dropped, or the one or two that OnEvent
-		// took before it stalled.
+		// Every event is queued, dropped, or one of the one or two that
+		// OnEvent took before it stalled, which are held until told.
 		st := srv.Stats()
-		if taken := 2*cycles - queued - int(st.EventsDropped); queued != maxQueuedEvents || taken < 1 || taken > 2 {
-			t.Fatalf("%d events queued, %d dropped, %d taken of %d: want %d queued, the rest but one or two counted",
+		if taken := 2*cycles - queued - int(st.EventsDropped); queued+taken != maxQueuedEvents || taken < 1 || taken > 2 {
+			t.Fatalf("%d events queued, %d dropped, %d taken of %d: want %d queued or taken, the rest counted",
 				queued, st.EventsDropped, taken, 2*cycles, maxQueuedEvents)
 		}
 		returned := make(chan error, 1)

@@ -137,8 +137,16 @@ mutant force-release-ignores-token server.go 'TestForceReleaseByToken' . \
   'case token != 0 && h.token != token:' \
   'case false:'
 mutant events-unbounded server.go 'TestStalledOnEventIsBounded' . \
-  'if len(srv.events) >= maxQueuedEvents {' \
+  'if srv.untold.Load() >= maxQueuedEvents {' \
   'if false {'
+# The bound counts only the queue, not the batch being told.
+mutant events-bound-ignores-the-batch server.go 'TestEventsHeldForOnEventAreTheUntoldOnes|TestStalledOnEventIsBounded' . \
+  'if srv.untold.Load() >= maxQueuedEvents {' \
+  'if len(srv.events) >= maxQueuedEvents {'
+# Told events keep counting until their whole batch is told.
+mutant events-counted-down-per-batch server.go 'TestEventsHeldForOnEventAreTheUntoldOnes' . \
+  $'\t\t\tsrv.OnEvent(ev)\n\t\t\tsrv.untold.Add(-1)\n\t\t}' \
+  $'\t\t\tsrv.OnEvent(ev)\n\t\t}\n\t\tsrv.untold.Add(-int64(len(batch)))'
 mutant shutdown-unbounded server.go 'TestShutdownOverTLSReturnsAtTheIOTimeout|TestShutdownFinalErrorIsBoundedByTheIOTimeout' . \
   'bound := time.AfterFunc(srv.ioTimeout(),' \
   'bound := time.AfterFunc(time.Hour,'
