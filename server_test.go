@@ -1122,7 +1122,8 @@ func TestEventsHeldForOnEventAreTheUntoldOnes(t *testing.T) {
 			srv.mu.Unlock()
 			synctest.Wait()
 		}
-		held := func() int { return emitted - int(srv.Stats().EventsDropped) - told + 1 } // the one being told is held
+		// The one being told is held until OnEvent returns from it.
+		held := func() int { return emitted - int(srv.Stats().EventsDropped) - told + 1 }
 		emit(1)                   // told, and stalled on
 		emit(maxQueuedEvents - 1) // the queue behind it: the bound reached
 		emit(1)
