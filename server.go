@@ -462,7 +462,8 @@ func (s *session) Read(p []byte) (int, error) {
 
 // run reads and answers heartbeats until the session ends: len(rbuf) bytes
 // at most a read, answered before the next, and after a read of more than
-// one byte, or any over TLS, a pause of floodPause a byte (why:
+// one byte, or any over TLS, a pause of floodPause a byte, or a quarter of
+// the lease if shorter, the most a client may wait between heartbeats (why:
 // docs/sessions.md, "A flood harms only the flooder").
 func (s *session) run(deadline time.Time) {
 	srv := s.srv
@@ -479,7 +480,7 @@ func (s *session) run(deadline time.Time) {
 				return
 			}
 			if s.r, s.w = 0, uint8(n); n > 1 || s.tls != nil { // a TLS read is one record, however many came
-				pause = time.Duration(n) * floodPause
+				pause = time.Duration(n) * min(floodPause, s.lease/4)
 			}
 		}
 		beats, bad := s.scan()

@@ -136,6 +136,14 @@ mutant kick-leaves-waiter-queued server.go 'TestWaiterEndingAsHolderLeaves|TestF
 mutant force-release-ignores-token server.go 'TestForceReleaseByToken' . \
   'case token != 0 && h.token != token:' \
   'case false:'
+# The flood pause ignores a short lease: it runs to a lease of 1 ms's end.
+mutant pause-ignores-the-lease server.go 'TestShortLeaseHoldsOverTLS|TestFloodPauseOverTLS' . \
+  'pause = time.Duration(n) * min(floodPause, s.lease/4)' \
+  'pause = time.Duration(n) * floodPause'
+# A pause of half the lease: a flood with a short lease is answered faster.
+mutant pause-half-the-lease server.go 'TestFloodPauseOverTLS' . \
+  'pause = time.Duration(n) * min(floodPause, s.lease/4)' \
+  'pause = time.Duration(n) * min(floodPause, s.lease/2)'
 mutant events-unbounded server.go 'TestStalledOnEventIsBounded' . \
   'if srv.untold.Load() >= maxQueuedEvents {' \
   'if false {'
@@ -263,7 +271,7 @@ mutant owed-unbounded server.go 'TestOwedAnswersAreBounded' . \
 
 # run: no pause after a read of more than one byte; caught in-process or
 # through the binary.
-mutant flood-pause-removed server.go 'TestFloodPauseAfterAMultiByteRead|TestHeartbeatFloodDelaysNobody' . \
+mutant flood-pause-removed server.go 'TestFloodPauseAfterAMultiByteRead|TestFloodPauseOverTLS|TestHeartbeatFloodDelaysNobody' . \
   'floodPause = time.Millisecond' \
   'floodPause = 0'
 mutant flood-pause-skipped server.go 'TestFloodPauseAfterAMultiByteRead|TestHeartbeatFloodDelaysNobody' . \
