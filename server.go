@@ -346,6 +346,7 @@ var (
 const (
 	maxOwed    = 1 << 16          // answers owed while a writer is stuck
 	floodPause = time.Millisecond // a byte, after a read of more than one: see run
+	floodSlack = 4                // bytes' worth of pause a read may run ahead of the rate
 	maxBatch   = 1024             // bytes a write: a flood is answered in turns
 )
 
@@ -461,12 +462,18 @@ func (s *session) Read(p []byte) (int, error) {
 }
 
 // run reads and answers heartbeats until the session ends: len(rbuf) bytes
-// at most a read, answered before the next, and after a read of more than
-// one byte, or any over TLS, a pause of floodPause a byte, or a quarter of
-// the lease if shorter, the most a client may wait between heartbeats (why:
-// docs/sessions.md, "A flood harms only the flooder").
+// at most a read, answered before the next. Reads of more than one byte,
+// or any over TLS, are held to a rate of a byte each floodPause, or each
+// quarter of the lease if shorter (a client may heartbeat that often):
+// such a read is due that long a byte after the last one's due time, and
+// one more than floodSlack bytes ahead waits (why: docs/sessions.md, "A
+// flood harms only the flooder"). A rate, not a pause after each read: a
+// client at the protocol's pace never waits, whatever the server's own
+// delays.
 func (s *session) run(deadline time.Time) {
 	srv := s.srv
+	unit := min(floodPause, s.lease/4)
+	var due time.Time // when the rate's reads so far have been paid for
 	for {
 		var pause time.Duration
 		if s.r == s.w {
@@ -480,7 +487,7 @@ func (s *session) run(deadline time.Time) {
 				return
 			}
 			if s.r, s.w = 0, uint8(n); n > 1 || s.tls != nil { // a TLS read is one record, however many came
-				pause = time.Duration(n) * min(floodPause, s.lease/4)
+				pause = time.Duration(n) * unit
 			}
 		}
 		beats, bad := s.scan()
@@ -493,8 +500,14 @@ func (s *session) run(deadline time.Time) {
 		}
 		deadline = s.leaseEndLocked()
 		s.drainOwnLocked()
-		if pause > 0 { // no longer than the lease: its end is seen on time
-			time.Sleep(min(pause, time.Until(deadline)))
+		if pause > 0 {
+			if due.Before(now) {
+				due = now
+			}
+			due = due.Add(pause)
+			if wait := time.Until(due) - floodSlack*unit; wait > 0 { // no longer than the lease: its end is seen on time
+				time.Sleep(min(wait, time.Until(deadline)))
+			}
 		}
 	}
 }

@@ -136,14 +136,25 @@ mutant kick-leaves-waiter-queued server.go 'TestWaiterEndingAsHolderLeaves|TestF
 mutant force-release-ignores-token server.go 'TestForceReleaseByToken' . \
   'case token != 0 && h.token != token:' \
   'case false:'
-# The flood pause ignores a short lease: it runs to a lease of 1 ms's end.
+# The flood's rate ignores a short lease: a read waits to a lease of 1 ms's end.
 mutant pause-ignores-the-lease server.go 'TestShortLeaseHoldsOverTLS|TestFloodPauseOverTLS' . \
-  'pause = time.Duration(n) * min(floodPause, s.lease/4)' \
-  'pause = time.Duration(n) * floodPause'
-# A pause of half the lease: a flood with a short lease is answered faster.
+  'unit := min(floodPause, s.lease/4)' \
+  'unit := floodPause'
+# A unit of half the lease: a flood with a short lease is answered faster.
 mutant pause-half-the-lease server.go 'TestFloodPauseOverTLS' . \
-  'pause = time.Duration(n) * min(floodPause, s.lease/4)' \
-  'pause = time.Duration(n) * min(floodPause, s.lease/2)'
+  'unit := min(floodPause, s.lease/4)' \
+  'unit := min(floodPause, s.lease/2)'
+# A pause after each read, not a rate: it adds to the server's own delays.
+mutant pause-not-a-rate server.go 'TestShortLeaseHoldsOverTLS' . \
+  'if wait := time.Until(due) - floodSlack*unit; wait > 0 {' \
+  'if wait := pause; wait > 0 {'
+# The rate's clock never catches up with a client that fell behind it.
+mutant rate-keeps-old-debt server.go 'TestShortLeaseHoldsOverTLS|TestFloodPauseAfterAMultiByteRead' . \
+  $'if due.Before(now) {\n\t\t\t\tdue = now\n\t\t\t}' \
+  $'if due.IsZero() {\n\t\t\t\tdue = now\n\t\t\t}'
+mutant rate-no-slack server.go 'TestFloodPauseOverTLS|TestFloodPauseAfterAMultiByteRead' . \
+  'floodSlack = 4 ' \
+  'floodSlack = 0 '
 mutant events-unbounded server.go 'TestStalledOnEventIsBounded' . \
   'if srv.untold.Load() >= maxQueuedEvents {' \
   'if false {'
@@ -275,12 +286,12 @@ mutant flood-pause-removed server.go 'TestFloodPauseAfterAMultiByteRead|TestFloo
   'floodPause = time.Millisecond' \
   'floodPause = 0'
 mutant flood-pause-skipped server.go 'TestFloodPauseAfterAMultiByteRead|TestHeartbeatFloodDelaysNobody' . \
-  'time.Sleep(min(pause, time.Until(deadline)))' \
-  '_ = pause'
+  'time.Sleep(min(wait, time.Until(deadline)))' \
+  '_ = wait'
 # run: the flood pause outlives a short lease, and with it the lock.
 mutant flood-pause-outlives-lease server.go 'TestFloodPauseEndsAtTheLease' . \
-  'time.Sleep(min(pause, time.Until(deadline)))' \
-  'time.Sleep(pause)'
+  'time.Sleep(min(wait, time.Until(deadline)))' \
+  'time.Sleep(wait)'
 mutant flood-pause-removed-process server.go 'TestHeartbeatFloodStarvesNobody' ./cmd/monolock \
   'floodPause = time.Millisecond' \
   'floodPause = 0'
