@@ -80,9 +80,12 @@ type Server struct {
 	// OnEvent, if set, is told of every grant, release, denial and admin
 	// action, one call at a time in table order, with no lock held. Up to
 	// 16384 events not yet told are held for it, the one it is being told
-	// included; more are dropped (Stats.EventsDropped). Shutdown
-	// waits for them until its ctx ends (as for Authorize, call Shutdown
-	// from it only on another goroutine).
+	// included; more are dropped (Stats.EventsDropped), but for those of
+	// Shutdown and Close, one a session at most, always held. It must
+	// return (a panic ends the process; a goroutine it ends, as t.FailNow
+	// would, ends delivery). Shutdown waits for the events until its ctx
+	// ends (as for Authorize, call Shutdown from it only on another
+	// goroutine).
 	OnEvent func(Event)
 
 	closing                 atomic.Bool
@@ -952,7 +955,10 @@ func (srv *Server) emitLocked(ev Event, s *session) {
 	if srv.OnEvent == nil {
 		return
 	}
-	if srv.untold.Load() >= maxQueuedEvents {
+	// Once closing, every session ends in one critical section: a bound
+	// would drop releases however fast OnEvent is, and they are one a
+	// session, whose memory the server held a moment ago.
+	if srv.untold.Load() >= maxQueuedEvents && !srv.closing.Load() {
 		srv.counts.EventsDropped++
 		return
 	}

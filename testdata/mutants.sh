@@ -156,12 +156,20 @@ mutant rate-no-slack server.go 'TestFloodPauseOverTLS|TestFloodPauseAfterAMultiB
   'floodSlack = 4 ' \
   'floodSlack = 0 '
 mutant events-unbounded server.go 'TestStalledOnEventIsBounded' . \
-  'if srv.untold.Load() >= maxQueuedEvents {' \
+  'if srv.untold.Load() >= maxQueuedEvents && !srv.closing.Load() {' \
   'if false {'
+# Shutdown's releases are bounded like the rest: past 16384 holders some are dropped.
+mutant shutdown-releases-bounded server.go 'TestShutdownReleasesAreToldToAnOnEventKeepingUp' . \
+  'if srv.untold.Load() >= maxQueuedEvents && !srv.closing.Load() {' \
+  'if srv.untold.Load() >= maxQueuedEvents {'
+# Told events stay in their batch: a stalled OnEvent keeps them all.
+mutant told-events-kept server.go 'TestToldEventsAreNotKept' . \
+  'batch[i] = Event{} // a told event' \
+  '_ = i // a told event'
 # The bound counts only the queue, not the batch being told.
 mutant events-bound-ignores-the-batch server.go 'TestEventsHeldForOnEventAreTheUntoldOnes|TestStalledOnEventIsBounded' . \
-  'if srv.untold.Load() >= maxQueuedEvents {' \
-  'if len(srv.events) >= maxQueuedEvents {'
+  'if srv.untold.Load() >= maxQueuedEvents && !srv.closing.Load() {' \
+  'if len(srv.events) >= maxQueuedEvents && !srv.closing.Load() {'
 # Told events keep counting until their whole batch is told.
 mutant events-counted-down-per-batch server.go 'TestEventsHeldForOnEventAreTheUntoldOnes' . \
   $'\t\t\tsrv.OnEvent(ev)\n\t\t\tsrv.untold.Add(-1)\n\t\t}' \
