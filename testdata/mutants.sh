@@ -571,6 +571,10 @@ mutant run-blames-a-retried-attempt cmd/monolock/run.go 'TestRunRefusalAfterARet
 # Operator surfaces (audit.go, ops.go, metrics.go, admin_guard.go,
 # locks.go): what README.md and the spec publish, field by field.
 # The audit line's time is written in local time (TZ), not UTC.
+# The exit status leaves out the events the server dropped.
+mutant audit-exit-ignores-server-drops cmd/monolock/audit.go 'TestEventsDroppedByTheServerAreLostLines' ./cmd/monolock \
+  'int64(dropped) + int64(eventsDropped)' \
+  'int64(dropped)'
 mutant audit-time-not-utc cmd/monolock/audit.go 'TestAuditLinesFieldByField' ./cmd/monolock \
   'line := auditLine{Time: ev.Time.UTC().Format(time.RFC3339Nano)' \
   'line := auditLine{Time: ev.Time.Format(time.RFC3339Nano)'

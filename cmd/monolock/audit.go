@@ -282,7 +282,7 @@ func (a *auditLog) report(r *auditReporter, now time.Time) {
 // since the start, of every kind: failed writes, lines dropped from a full
 // queue, and lines still queued when bound ended (the sink stalled). Any
 // of them makes the exit status 1: audit is all or nothing.
-func (a *auditLog) close(bound time.Duration) (lost int64) {
+func (a *auditLog) close(bound time.Duration, eventsDropped uint64) (lost int64) {
 	close(a.quit)
 	timer := time.NewTimer(bound)
 	defer timer.Stop()
@@ -302,10 +302,10 @@ func (a *auditLog) close(bound time.Duration) (lost int64) {
 			"path", a.path, "lines", atExit, "bound", bound)
 	}
 	failed, dropped := a.errors.Load(), a.dropped.Load()
-	lost = atExit + int64(failed) + int64(dropped)
+	lost = atExit + int64(failed) + int64(dropped) + int64(eventsDropped)
 	if lost > 0 {
 		a.logger.Error("the audit log is missing lines: exit status 1", "path", a.path, "lost", lost,
-			"write_failed", failed, "dropped", dropped, "lost_at_exit", atExit)
+			"write_failed", failed, "dropped", dropped, "lost_at_exit", atExit, "event_dropped", eventsDropped)
 	}
 	return lost
 }

@@ -84,7 +84,7 @@ func TestEveryLostAuditLineMakesTheExitStatus1(t *testing.T) {
 	if code := s.exitCode(t); code != 1 {
 		t.Fatalf("exit status %d after every audit line was lost, want 1; stderr:\n%s", code, s.log())
 	}
-	if !strings.Contains(s.log(), "lost=2 write_failed=2 dropped=0 lost_at_exit=0") {
+	if !strings.Contains(s.log(), "lost=2 write_failed=2 dropped=0 lost_at_exit=0 event_dropped=0") {
 		t.Fatalf("the exit does not say how many lines were lost, and how; stderr:\n%s", s.log())
 	}
 }
@@ -129,7 +129,7 @@ func TestDroppedAuditLinesCountAsLostAtExit(t *testing.T) {
 	}
 	// The sink recovers: everything queued is written.
 	go io.Copy(io.Discard, reader)
-	if lost := a.close(10 * time.Second); lost != int64(a.dropped.Load()) || a.queued.Load() != 0 {
+	if lost := a.close(10*time.Second, 0); lost != int64(a.dropped.Load()) || a.queued.Load() != 0 {
 		t.Fatalf("close = %d lost, with %d dropped and %d still queued; want the dropped ones, nothing queued", lost, a.dropped.Load(), a.queued.Load())
 	}
 }
@@ -143,11 +143,27 @@ func TestAuditLinesStillQueuedAtTheBoundAreLost(t *testing.T) {
 	ev := monolock.Event{Type: monolock.EventGranted, Lock: strings.Repeat("x", 1<<20), Time: time.Now(), Token: 1}
 	a.event(ev)
 	a.event(ev)
-	if lost := a.close(200 * time.Millisecond); lost != 2 || a.dropped.Load() != 0 || a.errors.Load() != 0 {
+	if lost := a.close(200*time.Millisecond, 0); lost != 2 || a.dropped.Load() != 0 || a.errors.Load() != 0 {
 		t.Fatalf("close = %d lost, with %d dropped and %d failed; want the 2 lines still queued", lost, a.dropped.Load(), a.errors.Load())
 	}
-	if !strings.Contains(log.String(), "AUDIT LOG LINES LOST AT EXIT") || !strings.Contains(log.String(), "lost=2 write_failed=0 dropped=0 lost_at_exit=2") {
+	if !strings.Contains(log.String(), "AUDIT LOG LINES LOST AT EXIT") || !strings.Contains(log.String(), "lost=2 write_failed=0 dropped=0 lost_at_exit=2 event_dropped=0") {
 		t.Fatalf("the lines left in the queue are not said; log:\n%s", log.String())
+	}
+}
+
+// Events the server dropped before the audit log saw them are lines lost
+// too (README: "any line lost since the start, of any kind"): with the
+// sink keeping up, they alone make the exit status 1, and the last line
+// says how many (the break-review of the event bound found them left out).
+func TestEventsDroppedByTheServerAreLostLines(t *testing.T) {
+	reader, a, log := auditToAFIFO(t)
+	go io.Copy(io.Discard, reader)
+	a.event(monolock.Event{Type: monolock.EventGranted, Lock: "l", Time: time.Now(), Token: 1})
+	if lost := a.close(10*time.Second, 3); lost != 3 {
+		t.Fatalf("close = %d lost, with 3 events dropped by the server; want 3", lost)
+	}
+	if !strings.Contains(log.String(), "lost=3 write_failed=0 dropped=0 lost_at_exit=0 event_dropped=3") {
+		t.Fatalf("the events dropped are not said; log:\n%s", log.String())
 	}
 }
 
