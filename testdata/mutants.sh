@@ -442,8 +442,8 @@ mutant writer-ignores-the-lease server.go 'TestWriterTakingAfterTheLeaseEndsTheS
 # Rule 10 (endLocked): a close or a failed write decided after the lease's
 # end counts a "graceful" release (the eighteenth review).
 mutant end-ignores-the-lease server.go 'TestEndDecidedAfterTheLeaseIsExpired' . \
-  '!ok && s.live() && s.expiredLocked(time.Now())' \
-  '!ok && s.live() && false'
+  '!coded && s.live() && s.expiredLocked(time.Now())' \
+  '!coded && s.live() && false'
 
 # --- The client (client.go) ---
 mutant client-timeout-from-reply-arrival client.go 'TestHolderStopsBeforeTheServerReleases|TestTimeoutCountsFromTheConfirmedSend' . \
@@ -714,8 +714,8 @@ mutant info-mtls-is-acl cmd/monolock/main.go 'TestEachVariableIsBetweenItsFlagAn
   '"mtls": sec.aclFile != "", "acl_file"'
 # The ops server stops before the audit drain: no /readyz 503 while a stalled sink holds the exit.
 mutant ops-stops-before-audit-drain cmd/monolock/main.go 'TestHealthTurns503WhenShutdownBegins' ./cmd/monolock \
-  $'\t\t\tstatus := 0\n\t\t\tif o.audit != nil && o.audit.close(auditDrainBound) > 0 {\n\t\t\t\tstatus = 1\n\t\t\t}\n\t\t\t// The HTTP servers stop after the protocol listener has finished.\n\t\t\tfor _, hs := range httpServers {\n\t\t\t\tctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)\n\t\t\t\ths.Shutdown(ctx)\n\t\t\t\tcancel()\n\t\t\t}\n' \
-  $'\t\t\tfor _, hs := range httpServers {\n\t\t\t\tctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)\n\t\t\t\ths.Shutdown(ctx)\n\t\t\t\tcancel()\n\t\t\t}\n\t\t\tstatus := 0\n\t\t\tif o.audit != nil && o.audit.close(auditDrainBound) > 0 {\n\t\t\t\tstatus = 1\n\t\t\t}\n'
+  $'\t\t\tstatus := 0\n\t\t\tif o.audit != nil && o.audit.close(auditDrainBound, srv.Stats().EventsDropped) > 0 {\n\t\t\t\tstatus = 1\n\t\t\t}\n\t\t\t// The HTTP servers stop after the protocol listener has finished.\n\t\t\tfor _, hs := range httpServers {\n\t\t\t\tctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)\n\t\t\t\ths.Shutdown(ctx)\n\t\t\t\tcancel()\n\t\t\t}\n' \
+  $'\t\t\tfor _, hs := range httpServers {\n\t\t\t\tctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)\n\t\t\t\ths.Shutdown(ctx)\n\t\t\t\tcancel()\n\t\t\t}\n\t\t\tstatus := 0\n\t\t\tif o.audit != nil && o.audit.close(auditDrainBound, srv.Stats().EventsDropped) > 0 {\n\t\t\t\tstatus = 1\n\t\t\t}\n'
 # The ops server stops before the protocol listener.
 mutant ops-stops-before-protocol cmd/monolock/main.go 'TestHealthTurns503WhenShutdownBegins' ./cmd/monolock \
   $'\t\t\tsrv.Shutdown(context.Background())\n' \
