@@ -152,6 +152,10 @@ mutant pause-not-a-rate server.go 'TestShortLeaseHoldsOverTLS' . \
 mutant rate-keeps-old-debt server.go 'TestShortLeaseHoldsOverTLS|TestFloodPauseAfterAMultiByteRead' . \
   $'if due.Before(now) {\n\t\t\t\tdue = now\n\t\t\t}' \
   $'if due.IsZero() {\n\t\t\t\tdue = now\n\t\t\t}'
+# One-byte reads over TCP are counted against the rate too.
+mutant tcp-single-byte-reads-counted server.go 'TestFloodPauseAfterAMultiByteRead' . \
+  'n > 1 || s.tls != nil {' \
+  'n > 0 {'
 mutant rate-no-slack server.go 'TestFloodPauseOverTLS|TestFloodPauseAfterAMultiByteRead' . \
   'floodSlack = 4 ' \
   'floodSlack = 0 '
