@@ -348,8 +348,8 @@ var (
 
 const (
 	maxOwed    = 1 << 16          // answers owed while a writer is stuck
-	floodPause = time.Millisecond // a byte, after a read of more than one: see run
-	floodSlack = 4                // bytes' worth of pause a read may run ahead of the rate
+	floodPause = time.Millisecond // the flood rate's time a byte, unless the lease is short: see run
+	floodSlack = 4                // bytes a read may run ahead of the rate
 	maxBatch   = 1024             // bytes a write: a flood is answered in turns
 )
 
@@ -478,7 +478,7 @@ func (s *session) run(deadline time.Time) {
 	unit := min(floodPause, s.lease/4)
 	var due time.Time // when the rate's reads so far have been paid for
 	for {
-		var pause time.Duration
+		var cost time.Duration // of this read, against the rate
 		if s.r == s.w {
 			s.conn.SetReadDeadline(deadline)
 			n, err := s.conn.Read(s.rbuf[:])
@@ -490,7 +490,7 @@ func (s *session) run(deadline time.Time) {
 				return
 			}
 			if s.r, s.w = 0, uint8(n); n > 1 || s.tls != nil { // a TLS read is one record, however many came
-				pause = time.Duration(n) * unit
+				cost = time.Duration(n) * unit
 			}
 		}
 		beats, bad := s.scan()
@@ -503,11 +503,11 @@ func (s *session) run(deadline time.Time) {
 		}
 		deadline = s.leaseEndLocked()
 		s.drainOwnLocked()
-		if pause > 0 {
+		if cost > 0 {
 			if due.Before(now) {
 				due = now
 			}
-			due = due.Add(pause)
+			due = due.Add(cost)
 			if wait := time.Until(due) - floodSlack*unit; wait > 0 { // no longer than the lease: its end is seen on time
 				time.Sleep(min(wait, time.Until(deadline)))
 			}

@@ -1199,8 +1199,10 @@ func TestShutdownReleasesAreToldToAnOnEventKeepingUp(t *testing.T) {
 				}
 			}
 			if stop == "Shutdown" {
-				if err := srv.Shutdown(context.Background()); err != nil {
-					t.Fatal(err)
+				ctx, cancel := context.WithTimeout(context.Background(), wait)
+				defer cancel()
+				if err := srv.Shutdown(ctx); err != nil {
+					t.Fatalf("Shutdown = %v, want nil within %v", err, wait)
 				}
 			} else {
 				srv.Close()

@@ -147,7 +147,7 @@ mutant pause-half-the-lease server.go 'TestFloodPauseOverTLS' . \
 # A pause after each read, not a rate: it adds to the server's own delays.
 mutant pause-not-a-rate server.go 'TestShortLeaseHoldsOverTLS' . \
   'if wait := time.Until(due) - floodSlack*unit; wait > 0 {' \
-  'if wait := pause; wait > 0 {'
+  'if wait := cost; wait > 0 {'
 # The rate's clock never catches up with a client that fell behind it.
 mutant rate-keeps-old-debt server.go 'TestShortLeaseHoldsOverTLS|TestFloodPauseAfterAMultiByteRead' . \
   $'if due.Before(now) {\n\t\t\t\tdue = now\n\t\t\t}' \
