@@ -584,12 +584,28 @@ mutant audit-time-not-utc cmd/monolock/audit.go 'TestAuditLinesFieldByField' ./c
   'line := auditLine{Time: ev.Time.Format(time.RFC3339Nano)'
 # The audit queue's 8 MiB bound is not enforced: long lines queue without end.
 mutant audit-byte-bound-not-enforced cmd/monolock/audit.go 'TestStalledAuditSinkQueuesAtMost8MiB' ./cmd/monolock \
-  'if a.queuedBytes.Add(int64(len(b))) > auditQueueBytes {' \
-  'if a.queuedBytes.Add(int64(len(b))) > auditQueueBytes<<10 {'
-# A line dropped by the 8 MiB bound is not counted in monolock_audit_dropped_total.
-mutant audit-byte-drop-not-counted cmd/monolock/audit.go 'TestStalledAuditSinkQueuesAtMost8MiB' ./cmd/monolock \
-  $'a.queuedBytes.Add(-int64(len(b)))\n\t\ta.dropped.Add(1)\n\t\treturn' \
-  $'a.queuedBytes.Add(-int64(len(b)))\n\t\treturn'
+  'if a.queuedBytes.Add(int64(len(line))) > auditQueueBytes {' \
+  'if a.queuedBytes.Add(int64(len(line))) > auditQueueBytes<<10 {'
+# A line dropped from a full queue (here by the 8 MiB bound) is not counted in monolock_audit_dropped_total.
+mutant audit-drop-not-counted cmd/monolock/audit.go 'TestStalledAuditSinkQueuesAtMost8MiB' ./cmd/monolock \
+  $'if by == 0 {\n\t\t\ta.dropped.Add(1)\n\t\t\treturn' \
+  $'if by == 0 {\n\t\t\treturn'
+# Shutdown's burst of releases is dropped from a full queue, as while serving.
+mutant audit-shutdown-burst-dropped cmd/monolock/audit.go 'TestShutdownBurstWaitsForRoomInTheAuditQueue' ./cmd/monolock \
+  'if by == 0 {' \
+  'if by == 0 || true {'
+# The wait for room at shutdown outlasts its bound.
+mutant audit-shutdown-wait-unbounded cmd/monolock/audit.go 'TestShutdownWaitForAStalledAuditSinkIsBounded' ./cmd/monolock \
+  'bound = time.NewTimer(time.Until(time.Unix(0, by)))' \
+  'bound = time.NewTimer(time.Until(time.Unix(0, by)) + time.Hour)'
+# The writer never says it took a line: an event waiting for room waits out the bound, then drops.
+mutant audit-room-not-signalled cmd/monolock/audit.go 'TestShutdownBurstWaitsForRoomInTheAuditQueue|TestShutdownOfManyHoldersLosesNoAuditLine' ./cmd/monolock \
+  'case a.room <- struct{}{}:' \
+  'case (chan struct{})(nil) <- struct{}{}:'
+# The binary's shutdown does not make the audit log wait for room.
+mutant audit-shutdown-not-begun cmd/monolock/main.go 'TestShutdownOfManyHoldersLosesNoAuditLine' ./cmd/monolock \
+  $'\t\t\t\to.audit.beginClose(auditDrainBound)\n' \
+  ''
 # Failed writes are reported at every tick, not at most once every 10 s.
 mutant audit-write-failures-reported-every-tick cmd/monolock/audit.go 'TestAuditReportsAreBoundedAndSayAStall' ./cmd/monolock \
   'if n := a.errors.Load(); n > r.errors && now.Sub(r.errorsAt) >= auditReportEvery {' \

@@ -26,7 +26,8 @@ const (
 
 // auditLog writes one JSON object a line for every event, to a file that
 // SIGHUP reopens (for logrotate), or to stdout. Events are queued by event,
-// which never blocks; a full queue drops the line. Lost lines, whether
+// which never blocks, but while shutting down; a full queue drops the line.
+// Lost lines, whether
 // dropped or failed, are counted and reported at error level, at most one
 // report of each kind every auditReportEvery.
 type auditLog struct {
@@ -40,7 +41,9 @@ type auditLog struct {
 	dropped     atomic.Uint64 // lines that found the queue full
 	writeBegan  atomic.Int64  // UnixNano of the write in progress, 0 when none
 	lastErr     atomic.Pointer[writeFailure]
-	reopening   atomic.Bool // a reopen is on its way to the writer
+	reopening   atomic.Bool   // a reopen is on its way to the writer
+	closeBy     atomic.Int64  // UnixNano: from beginClose, a full queue waits for room until then
+	room        chan struct{} // the writer took a line: for an event waiting
 
 	quit chan struct{} // closed by close: drain and stop
 	done chan struct{} // closed by the writer when the queue is drained
@@ -59,7 +62,7 @@ type writeFailure struct {
 
 func openAudit(path string, logger *slog.Logger) (*auditLog, error) {
 	a := &auditLog{path: path, logger: logger, queue: make(chan auditItem, auditQueueLines),
-		quit: make(chan struct{}), done: make(chan struct{})}
+		room: make(chan struct{}, 1), quit: make(chan struct{}), done: make(chan struct{})}
 	f := os.Stdout
 	if path != "-" {
 		var err error
@@ -144,7 +147,16 @@ type auditLine struct {
 	Reason     string  `json:"reason,omitempty"`
 }
 
-// event is the server's OnEvent: it queues ev as one line and never waits.
+// beginClose makes event wait, until bound from now, for room in a full
+// queue instead of dropping the line: Shutdown releases every holder in
+// one burst, an event each (which the server holds anyway), faster than
+// any sink takes them.
+func (a *auditLog) beginClose(bound time.Duration) {
+	a.closeBy.Store(time.Now().Add(bound).UnixNano())
+}
+
+// event is the server's OnEvent: it queues ev as one line, and never waits
+// but after beginClose.
 func (a *auditLog) event(ev monolock.Event) {
 	line := auditLine{Time: ev.Time.UTC().Format(time.RFC3339Nano), Event: ev.Type, Lock: ev.Lock,
 		Identity: ev.Identity, RemoteAddr: ev.RemoteAddr}
@@ -159,18 +171,40 @@ func (a *auditLog) event(ev monolock.Event) {
 	}
 	b, _ := json.Marshal(line)
 	b = append(b, '\n')
-	if a.queuedBytes.Add(int64(len(b))) > auditQueueBytes {
-		a.queuedBytes.Add(-int64(len(b)))
-		a.dropped.Add(1)
-		return
+	var bound *time.Timer
+	for !a.enqueue(b) {
+		by := a.closeBy.Load()
+		if by == 0 {
+			a.dropped.Add(1)
+			return
+		}
+		if bound == nil {
+			bound = time.NewTimer(time.Until(time.Unix(0, by)))
+			defer bound.Stop()
+		}
+		select {
+		case <-a.room:
+		case <-bound.C:
+			a.dropped.Add(1)
+			return
+		}
+	}
+}
+
+// enqueue queues line if the queue has room for it, by lines and by bytes.
+func (a *auditLog) enqueue(line []byte) bool {
+	if a.queuedBytes.Add(int64(len(line))) > auditQueueBytes {
+		a.queuedBytes.Add(-int64(len(line)))
+		return false
 	}
 	a.queued.Add(1)
 	select {
-	case a.queue <- auditItem{line: b}:
+	case a.queue <- auditItem{line: line}:
+		return true
 	default:
 		a.queued.Add(-1)
-		a.queuedBytes.Add(-int64(len(b)))
-		a.dropped.Add(1)
+		a.queuedBytes.Add(-int64(len(line)))
+		return false
 	}
 }
 
@@ -199,6 +233,10 @@ func (a *auditLog) write(f *os.File) {
 		}
 		a.queuedBytes.Add(-int64(len(it.line)))
 		a.queued.Add(-1)
+		select {
+		case a.room <- struct{}{}:
+		default: // one is waiting to be taken: a waiting event tries again anyway
+		}
 	}
 	for {
 		select {

@@ -1,15 +1,18 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -227,5 +230,151 @@ func TestAuditFIFOWithoutAReaderEndsTheStartAfterTheBound(t *testing.T) {
 	}
 	if !strings.Contains(log.String(), "waiting for one to open it before serving") {
 		t.Fatalf("the wait was not logged: %q", log.String())
+	}
+}
+
+// Shutdown releases every holder at once, one event each, faster than any
+// sink takes lines: from the moment shutdown begins, a full queue (by
+// lines, or by bytes with long lines) makes the event wait for room, so a
+// sink that keeps up loses nothing however many holders there were (the
+// break-review of the event bound lost 882 of 12,000 releases to a file).
+// The reader here reads nothing until the queue is full, then everything.
+func TestShutdownBurstWaitsForRoomInTheAuditQueue(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		lines int
+		lock  string
+	}{
+		{"lines", auditQueueLines + 2000, "l"},
+		{"bytes", 20, strings.Repeat("x", 1<<20)},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			reader, a, _ := auditToAFIFO(t)
+			a.beginClose(wait)
+			sent := make(chan struct{})
+			go func() {
+				defer close(sent)
+				for range c.lines {
+					a.event(monolock.Event{Type: monolock.EventReleased, Lock: c.lock, Time: time.Now(), Token: 1})
+				}
+			}()
+			// The queue is full when nothing moves for a while: the writer
+			// blocks on the pipe, the events wait or are dropped.
+			for last := int64(-1); ; {
+				time.Sleep(200 * time.Millisecond)
+				q := a.queued.Load() + int64(a.dropped.Load())
+				if q == last {
+					break
+				}
+				last = q
+			}
+			select {
+			case <-sent:
+				if a.dropped.Load() == 0 {
+					t.Fatalf("all %d events queued before the sink read a line: the queue never filled, the test proves nothing", c.lines)
+				}
+			default:
+			}
+			go io.Copy(io.Discard, reader)
+			<-sent
+			if lost := a.close(10*time.Second, 0); lost != 0 || a.dropped.Load() != 0 {
+				t.Fatalf("close = %d lost, %d dropped of %d shutdown events, with a sink that recovered: want none", lost, a.dropped.Load(), c.lines)
+			}
+		})
+	}
+}
+
+// The wait for room at shutdown is bounded: a sink that never takes a
+// line costs the shutdown the bound once, then the events are dropped at
+// once, and counted.
+func TestShutdownWaitForAStalledAuditSinkIsBounded(t *testing.T) {
+	_, a, _ := auditToAFIFO(t) // its reader never reads
+	const bound = 300 * time.Millisecond
+	begin := time.Now()
+	a.beginClose(bound)
+	const n = auditQueueLines + 2000
+	sent := make(chan struct{})
+	go func() {
+		defer close(sent)
+		for range n {
+			a.event(monolock.Event{Type: monolock.EventReleased, Lock: "l", Time: time.Now(), Token: 1})
+		}
+	}()
+	select {
+	case <-sent:
+	case <-time.After(wait):
+		t.Fatalf("%d events to a stalled sink still not queued or dropped after %v, with a bound of %v", n, wait, bound)
+	}
+	d := time.Since(begin)
+	// The pipe took some lines before it stalled: they are neither.
+	if d < bound || d > bound+5*time.Second || a.dropped.Load() < 1000 || a.queued.Load() < auditQueueLines {
+		t.Fatalf("%d events to a stalled sink took %v, %d queued, %d dropped; want the %v bound, a full queue, and the events past it and the pipe dropped and counted",
+			n, d, a.queued.Load(), a.dropped.Load(), bound)
+	}
+}
+
+// The binary's shutdown with more holders than the audit queue holds
+// loses no release: the sink, a FIFO, reads every grant, then nothing
+// while the shutdown's burst fills the pipe and the queue, then the rest;
+// the exit status is 0 and every holder's release is in the log.
+func TestShutdownOfManyHoldersLosesNoAuditLine(t *testing.T) {
+	if testing.Short() {
+		t.Skip("11,000 connections")
+	}
+	const n = auditQueueLines + 1000
+	fifo, reader := fifoWithReader(t)
+	s := start(t, nil, "-audit-log", fifo)
+	var granted, released atomic.Int64
+	paused, resume, read := make(chan struct{}), make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(read) // at the end of the file: the server has exited
+		lines := bufio.NewScanner(reader)
+		for lines.Scan() {
+			switch {
+			case strings.Contains(lines.Text(), `"event":"granted"`):
+				if granted.Add(1) == n {
+					close(paused)
+					<-resume
+				}
+			case strings.Contains(lines.Text(), `"event":"released"`):
+				released.Add(1)
+			}
+		}
+	}()
+	conns := make(chan net.Conn, n)
+	var dialers sync.WaitGroup
+	for d := range 8 {
+		dialers.Go(func() {
+			for i := d; i < n; i += 8 {
+				c, err := net.DialTimeout("tcp", s.addr, wait)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				conns <- c
+				b, _ := monolock.Frame{Type: monolock.TypeAcquire, LeaseMS: 600000, Name: fmt.Sprint("h", i)}.AppendBinary(nil)
+				c.Write(b)
+			}
+		})
+	}
+	dialers.Wait()
+	close(conns)
+	defer func() {
+		for c := range conns {
+			c.Close()
+		}
+	}()
+	select {
+	case <-paused:
+	case <-time.After(time.Minute):
+		t.Fatalf("%d of %d grants in the audit log after a minute", granted.Load(), n)
+	}
+	s.cmd.Process.Signal(syscall.SIGTERM)
+	time.Sleep(time.Second) // the burst meets a full pipe
+	close(resume)
+	code := s.exitCode(t)
+	<-read
+	if code != 0 || released.Load() != n {
+		t.Fatalf("exit status %d, %d of %d releases in the audit log; want 0 and all; stderr:\n%s", code, released.Load(), n, s.log())
 	}
 }

@@ -253,6 +253,9 @@ func serve(args []string, stdout, stderr io.Writer) int {
 				os.Exit(1)
 			}()
 			logger.Info("shutting down", "signal", sig.String())
+			if o.audit != nil {
+				o.audit.beginClose(auditDrainBound)
+			}
 			srv.Shutdown(context.Background())
 			status := 0
 			if o.audit != nil && o.audit.close(auditDrainBound, srv.Stats().EventsDropped) > 0 {
