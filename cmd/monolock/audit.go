@@ -14,20 +14,21 @@ import (
 	"github.com/monolock-dev/monolock"
 )
 
-// The audit writer's bounds. The lock server only ever queues a line; one
-// goroutine writes them, so a sink that stalls costs at most the queue.
+// The audit writer's bounds. While serving, the lock server only ever
+// queues a line; one goroutine writes them, so a sink that stalls costs at
+// most the queue.
 const (
 	auditQueueLines  = 10000           // lines waiting to be written, at most
 	auditQueueBytes  = 8 << 20         // and their bytes, at most
 	auditStallAfter  = 5 * time.Second // a write blocked this long is reported
 	auditReportEvery = 10 * time.Second
-	auditDrainBound  = 5 * time.Second // what shutdown gives the queue
+	auditDrainBound  = 5 * time.Second // what shutdown gives the audit log, from the signal
 )
 
 // auditLog writes one JSON object a line for every event, to a file that
 // SIGHUP reopens (for logrotate), or to stdout. Events are queued by event,
-// which never blocks, but while shutting down; a full queue drops the line.
-// Lost lines, whether
+// which never blocks while serving: a full queue drops the line (at
+// shutdown it waits for room, bounded: see beginClose). Lost lines, whether
 // dropped or failed, are counted and reported at error level, at most one
 // report of each kind every auditReportEvery.
 type auditLog struct {
@@ -41,9 +42,9 @@ type auditLog struct {
 	dropped     atomic.Uint64 // lines that found the queue full
 	writeBegan  atomic.Int64  // UnixNano of the write in progress, 0 when none
 	lastErr     atomic.Pointer[writeFailure]
-	reopening   atomic.Bool   // a reopen is on its way to the writer
-	closeBy     atomic.Int64  // UnixNano: from beginClose, a full queue waits for room until then
-	room        chan struct{} // the writer took a line: for an event waiting
+	reopening   atomic.Bool               // a reopen is on its way to the writer
+	closing     atomic.Pointer[closeTime] // set by beginClose
+	room        chan struct{}             // the writer took a line: for an event waiting
 
 	quit chan struct{} // closed by close: drain and stop
 	done chan struct{} // closed by the writer when the queue is drained
@@ -147,12 +148,20 @@ type auditLine struct {
 	Reason     string  `json:"reason,omitempty"`
 }
 
-// beginClose makes event wait, until bound from now, for room in a full
-// queue instead of dropping the line: Shutdown releases every holder in
-// one burst, an event each (which the server holds anyway), faster than
-// any sink takes them.
+// beginClose starts shutdown's time for the audit log, bound from now (by
+// the monotonic clock), shared by two waits: event's, for room in a full
+// queue instead of dropping the line (Shutdown releases every holder in one
+// burst, an event each, which the server holds anyway, faster than any sink
+// takes them), and close's, for the writer to drain the queue. A stalled
+// sink costs the shutdown bound once.
 func (a *auditLog) beginClose(bound time.Duration) {
-	a.closeBy.Store(time.Now().Add(bound).UnixNano())
+	a.closing.CompareAndSwap(nil, &closeTime{time.Now().Add(bound), bound})
+}
+
+// closeTime is the end of shutdown's time for the audit log, and its length.
+type closeTime struct {
+	by    time.Time
+	bound time.Duration
 }
 
 // event is the server's OnEvent: it queues ev as one line, and never waits
@@ -173,13 +182,13 @@ func (a *auditLog) event(ev monolock.Event) {
 	b = append(b, '\n')
 	var bound *time.Timer
 	for !a.enqueue(b) {
-		by := a.closeBy.Load()
-		if by == 0 {
+		closing := a.closing.Load()
+		if closing == nil {
 			a.dropped.Add(1)
 			return
 		}
 		if bound == nil {
-			bound = time.NewTimer(time.Until(time.Unix(0, by)))
+			bound = time.NewTimer(time.Until(closing.by))
 			defer bound.Stop()
 		}
 		select {
@@ -315,14 +324,16 @@ func (a *auditLog) report(r *auditReporter, now time.Time) {
 	}
 }
 
-// close lets the writer drain the queue for at most bound, then reports
-// every lost line one last time, and returns the number of lines lost
-// since the start, of every kind: failed writes, lines dropped from a full
-// queue, and lines still queued when bound ended (the sink stalled). Any
-// of them makes the exit status 1: audit is all or nothing.
-func (a *auditLog) close(bound time.Duration, eventsDropped uint64) (lost int64) {
+// close lets the writer drain the queue until the end of the time
+// beginClose started (which it must follow), then reports every lost line
+// one last time, and returns the number of lines lost since the start, of
+// every kind: failed writes, lines dropped from a full queue, and lines
+// still queued at the end (the sink stalled). Any of them makes the exit
+// status 1: audit is all or nothing.
+func (a *auditLog) close(eventsDropped uint64) (lost int64) {
 	close(a.quit)
-	timer := time.NewTimer(bound)
+	closing := a.closing.Load()
+	timer := time.NewTimer(time.Until(closing.by))
 	defer timer.Stop()
 	var atExit int64
 	select {
@@ -337,7 +348,7 @@ func (a *auditLog) close(bound time.Duration, eventsDropped uint64) (lost int64)
 	a.report(&r, time.Now())
 	if atExit > 0 {
 		a.logger.Error("AUDIT LOG LINES LOST AT EXIT: the audit sink did not take them within the shutdown bound",
-			"path", a.path, "lines", atExit, "bound", bound)
+			"path", a.path, "lines", atExit, "bound", closing.bound)
 	}
 	failed, dropped := a.errors.Load(), a.dropped.Load()
 	lost = atExit + int64(failed) + int64(dropped) + int64(eventsDropped)

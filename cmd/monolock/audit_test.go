@@ -221,7 +221,8 @@ func TestStalledAuditSinkQueuesAtMost8MiB(t *testing.T) {
 			n, queued, bytes, dropped)
 	}
 	go io.Copy(io.Discard, reader) // the sink recovers
-	if lost := a.close(10*time.Second, 0); lost != int64(dropped) {
+	a.beginClose(10 * time.Second)
+	if lost := a.close(0); lost != int64(dropped) {
 		t.Fatalf("close = %d lost, want the %d dropped", lost, dropped)
 	}
 }

@@ -258,7 +258,7 @@ func serve(args []string, stdout, stderr io.Writer) int {
 			}
 			srv.Shutdown(context.Background())
 			status := 0
-			if o.audit != nil && o.audit.close(auditDrainBound, srv.Stats().EventsDropped) > 0 {
+			if o.audit != nil && o.audit.close(srv.Stats().EventsDropped) > 0 {
 				status = 1
 			}
 			// The HTTP servers stop after the protocol listener has finished.
