@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/tls"
+	"encoding/binary"
 	"fmt"
 	"io"
 	"net"
@@ -435,14 +436,17 @@ func TestFloodPauseFollowsReadsWhileWaitingOrHolding(t *testing.T) {
 // each in its own record, arriving together, was read a byte at a time and
 // never paused (the twentieth review: a TLS client answered 114,059 times
 // a second, against about 990 over TCP). Over TLS every read is held to
-// the flood's rate, a millisecond a byte, or a quarter of the lease if
+// the flood's rate, 17 ms a byte (the records crypto/tls may read inside
+// it: see TestKeyUpdateFloodIsHeldToTheRate), or a quarter of the lease if
 // shorter: two bursts of 32 one-byte records, each burst in one write of
 // the connection, are answered the first 5 at once (4 may run ahead of
 // the rate), then one each unit, the last 59 units after the first. Fake
 // time: exact.
 func TestFloodPauseOverTLS(t *testing.T) {
 	for _, c := range []struct{ lease, pause time.Duration }{
-		{time.Minute, time.Millisecond}, // the documented figure, not floodPause: a change to it fails here
+		{time.Minute, 17 * time.Millisecond}, // the documented figure, not floodPause: a change to it fails here
+		{68 * time.Millisecond, 17 * time.Millisecond},
+		{40 * time.Millisecond, 10 * time.Millisecond},
 		{4 * time.Millisecond, time.Millisecond},
 		{2 * time.Millisecond, 500 * time.Microsecond},
 		{time.Millisecond, 250 * time.Microsecond},
@@ -475,6 +479,125 @@ func TestFloodPauseOverTLS(t *testing.T) {
 			})
 		})
 	}
+}
+
+// The rate's unit is a quarter of the lease when that is shorter than a
+// millisecond, over TCP too: with a lease of 3 ms, a read of 6 HEARTBEATs
+// costs 4.5 ms, 3 ms of it allowed ahead, so the next read waits 1.5 ms
+// (a unit of a millisecond, or of half the lease: 2 ms). Fake time: exact.
+func TestFloodRateUnitIsAQuarterOfAShortLease(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		srv := &Server{}
+		l := servePipe(t, srv)
+		defer time.Sleep(time.Second) // the rate's sleep, and the session's end, run out
+		defer srv.Close()
+		c := l.dial("c")
+		w := watch("c", c)
+		sendFrames(t, c, acquire("x", 3*time.Millisecond))
+		w.next(t, TypeAcquired)
+		start := time.Now()
+		sendRaw(t, c, bytes.Repeat([]byte{TypeHeartbeat}, 6))
+		for range 6 {
+			w.next(t, TypeAcquired)
+		}
+		sendRaw(t, c, []byte{TypeHeartbeat})
+		w.next(t, TypeAcquired)
+		if d := time.Since(start); d != 1500*time.Microsecond {
+			t.Errorf("a HEARTBEAT after a read of 6 with a lease of 3ms answered after %v; want 1.5ms", d)
+		}
+		c.Close()
+	})
+}
+
+// Over TLS a read costs its bytes, a millisecond each, and the 16 records
+// crypto/tls may have read before them, 16 ms: four records of 32
+// HEARTBEATs, sent together, are read 32 bytes at a time, 48 ms each, 68
+// ms (4 one-byte reads) allowed ahead: answered at 0, 0, 28 and 76 ms.
+// Fake time: exact.
+func TestFloodPauseAfterAMultiByteTLSRead(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		srv := &Server{}
+		l := servePipe(t, srv)
+		defer time.Sleep(time.Second) // the rate's sleep, and the session's end, run out
+		defer srv.Close()
+		raw, server := net.Pipe()
+		l.acceptTLS(t, server)
+		bc := &batchConn{Conn: raw}
+		tc := tls.Client(bc, &tls.Config{InsecureSkipVerify: true})
+		defer tc.Close()
+		sendAcquire(t, tc, "x", time.Minute)
+		mustRead(t, tc, TypeAcquired)
+		bc.hold()
+		for range 4 {
+			tc.Write(bytes.Repeat([]byte{TypeHeartbeat}, 32)) // a record each
+		}
+		start := time.Now()
+		go bc.flush()
+		for i, want := range []time.Duration{0, 0, 28 * time.Millisecond, 76 * time.Millisecond} {
+			for range 32 {
+				mustRead(t, tc, TypeAcquired)
+			}
+			if d := time.Since(start); d != want {
+				t.Errorf("record %d of 32 HEARTBEATs answered after %v; want %v", i+1, d, want)
+			}
+		}
+	})
+}
+
+// A TLS 1.3 client may send KeyUpdates at any time, and crypto/tls reads
+// up to 16 of them before each record of data, answering each that asks
+// for it with a record of its own, all inside one Read of the session,
+// where the rate does not see them (the break-review of the rate: 16
+// records written a HEARTBEAT, 17,085 in a second of fake time; in real
+// time ten such flooders took a core of the server). So over TLS the
+// rate's unit is 17 times the millisecond, unless a quarter of the lease
+// is shorter: a flooder sending 16 KeyUpdates (update_requested) before
+// each one-byte HEARTBEAT record, as fast as the server reads, makes it
+// write in a second about as many records as a HEARTBEAT flood over TCP
+// does (1,000, less the burst's 4 ahead and the ACQUIRE's). Fake time.
+func TestKeyUpdateFloodIsHeldToTheRate(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		srv := &Server{}
+		l := servePipe(t, srv)
+		defer time.Sleep(time.Second) // the rate's sleep, and the session's end, run out
+		defer srv.Close()
+		raw, server := net.Pipe()
+		l.acceptTLS(t, server)
+		c, s := handshakeTLS13(t, raw)
+		sendAcquire(t, c, "x", time.Minute)
+		s.seq = 1 // the ACQUIRE was the first record
+		mustRead(t, c, TypeAcquired)
+		var records atomic.Int64 // written by the server since the grant
+		go func() {
+			var hdr [5]byte
+			for {
+				if _, err := io.ReadFull(raw, hdr[:]); err != nil {
+					return
+				}
+				if _, err := io.CopyN(io.Discard, raw, int64(binary.BigEndian.Uint16(hdr[3:]))); err != nil {
+					return
+				}
+				records.Add(1)
+			}
+		}()
+		stop := time.Now().Add(time.Second)
+		for time.Now().Before(stop) {
+			var batch []byte
+			for range 16 {
+				batch = append(batch, s.record(22, []byte{24, 0, 0, 1, 1})...) // KeyUpdate, update_requested
+				s.updateKeys()
+			}
+			if _, err := raw.Write(append(batch, s.record(23, []byte{TypeHeartbeat})...)); err != nil {
+				t.Fatalf("after %d heartbeats: %v", srv.Stats().Heartbeats, err)
+			}
+		}
+		hb, n := srv.Stats().Heartbeats, records.Load()
+		t.Logf("%d heartbeats answered, %d records written", hb, n)
+		if n > 1100 || hb < 50 {
+			t.Errorf("a second of 16 KeyUpdates a HEARTBEAT: %d heartbeats answered and %d records written; want 1,100 records at most, the flooder still answered", hb, n)
+		}
+		raw.Close()
+	})
 }
 
 // The flood's rate over TLS never costs a client its lease: the Go client

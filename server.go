@@ -349,6 +349,7 @@ var (
 const (
 	maxOwed    = 1 << 16          // answers owed while a writer is stuck
 	floodPause = time.Millisecond // the flood rate's time a byte, unless the lease is short: see run
+	tlsHidden  = 16               // records crypto/tls may read, and answer (KeyUpdates), inside a read before its data
 	floodSlack = 4                // bytes a read may run ahead of the rate
 	maxBatch   = 1024             // bytes a write: a flood is answered in turns
 )
@@ -467,15 +468,20 @@ func (s *session) Read(p []byte) (int, error) {
 // run reads and answers heartbeats until the session ends: len(rbuf) bytes
 // at most a read, answered before the next. Reads of more than one byte,
 // or any over TLS, are held to a rate of a byte each floodPause, or each
-// quarter of the lease if shorter (a client may heartbeat that often):
-// such a read is due that long a byte after the last one's due time, and
-// one more than floodSlack bytes ahead waits (why: docs/sessions.md, "A
-// flood harms only the flooder"). A rate, not a pause after each read: a
-// client at the protocol's pace never waits, whatever the server's own
-// delays.
+// quarter of the lease if shorter (a client may heartbeat that often),
+// and over TLS tlsHidden more for each read, unless that makes a byte's
+// read cost more than a quarter of the lease: such a read is due that
+// long after the last one's due time, and one more than floodSlack
+// one-byte reads ahead waits (why: docs/sessions.md, "A flood harms only
+// the flooder"). A rate, not a pause after each read: a client at the
+// protocol's pace never waits, whatever the server's own delays.
 func (s *session) run(deadline time.Time) {
 	srv := s.srv
 	unit := min(floodPause, s.lease/4)
+	var hidden time.Duration // of a TLS read, besides its bytes
+	if s.tls != nil {
+		hidden = min(tlsHidden*floodPause, s.lease/4-unit)
+	}
 	var due time.Time // when the rate's reads so far have been paid for
 	for {
 		var cost time.Duration // of this read, against the rate
@@ -490,7 +496,7 @@ func (s *session) run(deadline time.Time) {
 				return
 			}
 			if s.r, s.w = 0, uint8(n); n > 1 || s.tls != nil { // a TLS read is one record, however many came
-				cost = time.Duration(n) * unit
+				cost = time.Duration(n)*unit + hidden
 			}
 		}
 		beats, bad := s.scan()
@@ -508,7 +514,7 @@ func (s *session) run(deadline time.Time) {
 				due = now
 			}
 			due = due.Add(cost)
-			if wait := time.Until(due) - floodSlack*unit; wait > 0 { // no longer than the lease: its end is seen on time
+			if wait := time.Until(due) - floodSlack*(unit+hidden); wait > 0 { // no longer than the lease: its end is seen on time
 				time.Sleep(min(wait, time.Until(deadline)))
 			}
 		}

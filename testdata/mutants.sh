@@ -137,16 +137,16 @@ mutant force-release-ignores-token server.go 'TestForceReleaseByToken' . \
   'case token != 0 && h.token != token:' \
   'case false:'
 # The flood's rate ignores a short lease: a read waits to a lease of 1 ms's end.
-mutant pause-ignores-the-lease server.go 'TestShortLeaseHoldsOverTLS|TestFloodPauseOverTLS' . \
+mutant pause-ignores-the-lease server.go 'TestShortLeaseHoldsOverTLS|TestFloodPauseOverTLS|TestFloodRateUnitIsAQuarterOfAShortLease' . \
   'unit := min(floodPause, s.lease/4)' \
   'unit := floodPause'
 # A unit of half the lease: a flood with a short lease is answered faster.
-mutant pause-half-the-lease server.go 'TestFloodPauseOverTLS' . \
+mutant pause-half-the-lease server.go 'TestFloodPauseOverTLS|TestFloodRateUnitIsAQuarterOfAShortLease' . \
   'unit := min(floodPause, s.lease/4)' \
   'unit := min(floodPause, s.lease/2)'
 # A pause after each read, not a rate: it adds to the server's own delays.
 mutant pause-not-a-rate server.go 'TestShortLeaseHoldsOverTLS' . \
-  'if wait := time.Until(due) - floodSlack*unit; wait > 0 {' \
+  'if wait := time.Until(due) - floodSlack*(unit+hidden); wait > 0 {' \
   'if wait := cost; wait > 0 {'
 # The rate's clock never catches up with a client that fell behind it.
 mutant rate-keeps-old-debt server.go 'TestShortLeaseHoldsOverTLS|TestFloodPauseAfterAMultiByteRead' . \
@@ -156,6 +156,22 @@ mutant rate-keeps-old-debt server.go 'TestShortLeaseHoldsOverTLS|TestFloodPauseA
 mutant tcp-single-byte-reads-counted server.go 'TestFloodPauseAfterAMultiByteRead' . \
   'n > 1 || s.tls != nil {' \
   'n > 0 {'
+# Over TLS the records crypto/tls read inside a read (KeyUpdates, answered) are not counted.
+mutant tls-hidden-not-counted server.go 'TestKeyUpdateFloodIsHeldToTheRate' . \
+  'cost = time.Duration(n)*unit + hidden' \
+  'cost = time.Duration(n) * unit'
+# ... nor after a read of more than one byte.
+mutant tls-hidden-only-for-one-byte server.go 'TestFloodPauseAfterAMultiByteTLSRead' . \
+  'cost = time.Duration(n)*unit + hidden' \
+  'cost = time.Duration(n)*unit + hidden/time.Duration(n)'
+# The hidden records' cost ignores a short lease: a TLS client at the protocol's pace falls behind the rate.
+mutant tls-hidden-ignores-the-lease server.go 'TestShortLeaseHoldsOverTLS' . \
+  'hidden = min(tlsHidden*floodPause, s.lease/4-unit)' \
+  'hidden = tlsHidden * floodPause'
+# The slack is 4 bytes, not 4 one-byte reads: a TLS client at the protocol's pace waits 13 ms a heartbeat.
+mutant tls-slack-ignores-hidden server.go 'TestFloodPauseOverTLS' . \
+  'floodSlack*(unit+hidden)' \
+  'floodSlack*unit'
 mutant rate-no-slack server.go 'TestFloodPauseOverTLS|TestFloodPauseAfterAMultiByteRead' . \
   'floodSlack = 4 ' \
   'floodSlack = 0 '
@@ -588,16 +604,24 @@ mutant audit-byte-bound-not-enforced cmd/monolock/audit.go 'TestStalledAuditSink
   'if a.queuedBytes.Add(int64(len(line))) > auditQueueBytes<<10 {'
 # A line dropped from a full queue (here by the 8 MiB bound) is not counted in monolock_audit_dropped_total.
 mutant audit-drop-not-counted cmd/monolock/audit.go 'TestStalledAuditSinkQueuesAtMost8MiB' ./cmd/monolock \
-  $'if by == 0 {\n\t\t\ta.dropped.Add(1)\n\t\t\treturn' \
-  $'if by == 0 {\n\t\t\treturn'
+  $'if closing == nil {\n\t\t\ta.dropped.Add(1)\n\t\t\treturn' \
+  $'if closing == nil {\n\t\t\treturn'
 # Shutdown's burst of releases is dropped from a full queue, as while serving.
 mutant audit-shutdown-burst-dropped cmd/monolock/audit.go 'TestShutdownBurstWaitsForRoomInTheAuditQueue' ./cmd/monolock \
-  'if by == 0 {' \
-  'if by == 0 || true {'
+  'if closing == nil {' \
+  'if closing == nil || true {'
 # The wait for room at shutdown outlasts its bound.
 mutant audit-shutdown-wait-unbounded cmd/monolock/audit.go 'TestShutdownWaitForAStalledAuditSinkIsBounded' ./cmd/monolock \
-  'bound = time.NewTimer(time.Until(time.Unix(0, by)))' \
-  'bound = time.NewTimer(time.Until(time.Unix(0, by)) + time.Hour)'
+  'bound = time.NewTimer(time.Until(closing.by))' \
+  'bound = time.NewTimer(time.Until(closing.by) + time.Hour)'
+# The drain gets a bound of its own after the wait for room: a stalled sink costs the shutdown two.
+mutant audit-drain-own-bound cmd/monolock/audit.go 'TestShutdownAuditTimeIsOneBound' ./cmd/monolock \
+  'timer := time.NewTimer(time.Until(closing.by))' \
+  'timer := time.NewTimer(closing.bound)'
+# The bound's end is kept by the wall clock alone.
+mutant audit-bound-wall-clock cmd/monolock/audit.go 'TestShutdownAuditBoundIsMonotonic' ./cmd/monolock \
+  '&closeTime{time.Now().Add(bound), bound}' \
+  '&closeTime{time.Now().Round(0).Add(bound), bound}'
 # The writer never says it took a line: an event waiting for room waits out the bound, then drops.
 mutant audit-room-not-signalled cmd/monolock/audit.go 'TestShutdownBurstWaitsForRoomInTheAuditQueue|TestShutdownOfManyHoldersLosesNoAuditLine' ./cmd/monolock \
   'case a.room <- struct{}{}:' \
@@ -734,8 +758,8 @@ mutant info-mtls-is-acl cmd/monolock/main.go 'TestEachVariableIsBetweenItsFlagAn
   '"mtls": sec.aclFile != "", "acl_file"'
 # The ops server stops before the audit drain: no /readyz 503 while a stalled sink holds the exit.
 mutant ops-stops-before-audit-drain cmd/monolock/main.go 'TestHealthTurns503WhenShutdownBegins' ./cmd/monolock \
-  $'\t\t\tstatus := 0\n\t\t\tif o.audit != nil && o.audit.close(auditDrainBound, srv.Stats().EventsDropped) > 0 {\n\t\t\t\tstatus = 1\n\t\t\t}\n\t\t\t// The HTTP servers stop after the protocol listener has finished.\n\t\t\tfor _, hs := range httpServers {\n\t\t\t\tctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)\n\t\t\t\ths.Shutdown(ctx)\n\t\t\t\tcancel()\n\t\t\t}\n' \
-  $'\t\t\tfor _, hs := range httpServers {\n\t\t\t\tctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)\n\t\t\t\ths.Shutdown(ctx)\n\t\t\t\tcancel()\n\t\t\t}\n\t\t\tstatus := 0\n\t\t\tif o.audit != nil && o.audit.close(auditDrainBound, srv.Stats().EventsDropped) > 0 {\n\t\t\t\tstatus = 1\n\t\t\t}\n'
+  $'\t\t\tstatus := 0\n\t\t\tif o.audit != nil && o.audit.close(srv.Stats().EventsDropped) > 0 {\n\t\t\t\tstatus = 1\n\t\t\t}\n\t\t\t// The HTTP servers stop after the protocol listener has finished.\n\t\t\tfor _, hs := range httpServers {\n\t\t\t\tctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)\n\t\t\t\ths.Shutdown(ctx)\n\t\t\t\tcancel()\n\t\t\t}\n' \
+  $'\t\t\tfor _, hs := range httpServers {\n\t\t\t\tctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)\n\t\t\t\ths.Shutdown(ctx)\n\t\t\t\tcancel()\n\t\t\t}\n\t\t\tstatus := 0\n\t\t\tif o.audit != nil && o.audit.close(srv.Stats().EventsDropped) > 0 {\n\t\t\t\tstatus = 1\n\t\t\t}\n'
 # The ops server stops before the protocol listener.
 mutant ops-stops-before-protocol cmd/monolock/main.go 'TestHealthTurns503WhenShutdownBegins' ./cmd/monolock \
   $'\t\t\tsrv.Shutdown(context.Background())\n' \
