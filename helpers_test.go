@@ -624,6 +624,12 @@ func (l *pipeListener) holder(t *testing.T, remote, name string) net.Conn {
 // acceptTLS has the server accept server, its end of a pipe, under TLS
 // with a self-signed certificate.
 func (l *pipeListener) acceptTLS(t *testing.T, server net.Conn) {
+	l.acceptTLSUnmetered(t, &recordConn{Conn: server})
+}
+
+// acceptTLSUnmetered is acceptTLS as through tls.NewListener: the server
+// sees no record under the connection.
+func (l *pipeListener) acceptTLSUnmetered(t *testing.T, server net.Conn) {
 	cfg := &tls.Config{Certificates: []tls.Certificate{selfSigned(t)}}
 	go func() {
 		select {
@@ -1236,7 +1242,7 @@ func dialServedTLS(t *testing.T, srv *Server) net.Conn {
 	if err != nil {
 		t.Fatal(err)
 	}
-	addr := serveOn(t, srv, tls.NewListener(l, &tls.Config{Certificates: []tls.Certificate{selfSigned(t)}}))
+	addr := serveOn(t, srv, NewTLSListener(l, &tls.Config{Certificates: []tls.Certificate{selfSigned(t)}}))
 	raw, err := net.DialTimeout("tcp", addr, wait)
 	if err != nil {
 		t.Fatal(err)
@@ -1387,4 +1393,35 @@ func (q *queueOrder) checkLocked(srv *Server) error {
 		}
 	}
 	return nil
+}
+
+// sealPadded is record with the inner plaintext padded with zeros to pad
+// bytes in all (at most 2^14+1), as TLS 1.3 allows.
+func (s *tls13Sender) sealPadded(contentType byte, msg []byte, pad int) []byte {
+	nonce := bytes.Clone(s.iv)
+	for i := range 8 {
+		nonce[4+i] ^= byte(s.seq >> (56 - 8*i))
+	}
+	s.seq++
+	inner := append(bytes.Clone(msg), contentType)
+	if len(inner) < pad {
+		inner = append(inner, make([]byte, pad-len(inner))...)
+	}
+	hdr := []byte{0x17, 0x03, 0x03, 0, 0}
+	binary.BigEndian.PutUint16(hdr[3:], uint16(len(inner)+s.aead.Overhead()))
+	return s.aead.Seal(hdr, nonce, inner, hdr)
+}
+
+// countRecords counts the TLS records the server writes on raw.
+func countRecords(raw net.Conn, records *atomic.Int64) {
+	var hdr [5]byte
+	for {
+		if _, err := io.ReadFull(raw, hdr[:]); err != nil {
+			return
+		}
+		if _, err := io.CopyN(io.Discard, raw, int64(binary.BigEndian.Uint16(hdr[3:]))); err != nil {
+			return
+		}
+		records.Add(1)
+	}
 }

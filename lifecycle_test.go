@@ -138,7 +138,7 @@ func TestShutdownWithTLSClientsIsBounded(t *testing.T) {
 		t.Fatal(err)
 	}
 	watched := &watchedListener{Listener: inner, writing: map[string]time.Time{}}
-	go srv.Serve(tls.NewListener(watched, &tls.Config{Certificates: []tls.Certificate{cert}}))
+	go srv.Serve(NewTLSListener(watched, &tls.Config{Certificates: []tls.Certificate{cert}}))
 	raw, err := net.DialTimeout("tcp", inner.Addr().String(), wait)
 	if err != nil {
 		t.Fatal(err)
@@ -184,7 +184,7 @@ func TestShutdownOverTLSReturnsAtTheIOTimeout(t *testing.T) {
 		l := newPipeListener()
 		served := make(chan error, 1)
 		go func() {
-			served <- srv.Serve(tls.NewListener(l, &tls.Config{Certificates: []tls.Certificate{cert}}))
+			served <- srv.Serve(NewTLSListener(l, &tls.Config{Certificates: []tls.Certificate{cert}}))
 		}()
 		defer srv.Close()
 		join := func(name, lock string) net.Conn {
@@ -235,7 +235,7 @@ func TestShutdownClosesATLSHandshakeWithoutAFrame(t *testing.T) {
 	}
 	served := make(chan error, 1)
 	go func() {
-		served <- srv.Serve(tls.NewListener(inner, &tls.Config{Certificates: []tls.Certificate{cert}}))
+		served <- srv.Serve(NewTLSListener(inner, &tls.Config{Certificates: []tls.Certificate{cert}}))
 	}()
 	defer srv.Close()
 	raw, err := net.DialTimeout("tcp", inner.Addr().String(), wait)
@@ -275,7 +275,7 @@ func TestCloseDoesNotWaitForTLSClients(t *testing.T) {
 		l := newPipeListener()
 		served := make(chan error, 1)
 		go func() {
-			served <- srv.Serve(tls.NewListener(l, &tls.Config{Certificates: []tls.Certificate{cert}}))
+			served <- srv.Serve(NewTLSListener(l, &tls.Config{Certificates: []tls.Certificate{cert}}))
 		}()
 		for _, name := range []string{"a", "b"} {
 			c := tls.Client(l.dial(name), &tls.Config{InsecureSkipVerify: true})

@@ -158,6 +158,15 @@ type session struct {
 	r, w uint8    // the unread part of rbuf
 }
 
+// meter is the recordConn under s's TLS, from NewTLSListener, or nil.
+func (s *session) meter() *recordConn {
+	if s.tls == nil {
+		return nil
+	}
+	m, _ := s.tls.NetConn().(*recordConn)
+	return m
+}
+
 // live: s is in the table, so its lease is set.
 func (s *session) live() bool { return s.phase == phaseWaiting || s.phase == phaseHolding }
 
@@ -338,6 +347,64 @@ func closeAll(cs []io.Closer) {
 
 func closeConn(c net.Conn) { closeAll([]io.Closer{c}) }
 
+// NewTLSListener is tls.NewListener(inner, config) that lets Serve see
+// the TLS records under each connection: crypto/tls reads records it
+// never returns (TLS 1.3 KeyUpdates, 16 in a row, each answered with a
+// write of the server's), which the flood rate must charge. Over another
+// TLS listener a client can have the server answer 16 KeyUpdates for each
+// read the rate counts.
+func NewTLSListener(inner net.Listener, config *tls.Config) net.Listener {
+	return tls.NewListener(recordListener{inner}, config)
+}
+
+type recordListener struct{ net.Listener }
+
+func (l recordListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	return &recordConn{Conn: c}, nil
+}
+
+// recordConn counts the TLS records read through it, a unit each and one
+// more for each whole KiB of one, for the one goroutine that reads (the
+// session's, through crypto/tls).
+type recordConn struct {
+	net.Conn
+	rate             // the session's, from the rest of its ACQUIRE
+	readBy time.Time // the rest of the ACQUIRE's deadline
+	units  int       // since the last take
+	header int       // bytes of the next record's header read so far
+	length [2]byte
+	body   int // bytes of the current record still to come
+}
+
+func (c *recordConn) Read(b []byte) (int, error) {
+	n, err := c.Conn.Read(b)
+	for p := b[:n]; len(p) > 0; {
+		if c.body > 0 {
+			k := min(c.body, len(p))
+			c.body, p = c.body-k, p[k:]
+			continue
+		}
+		if c.header >= 3 {
+			c.length[c.header-3] = p[0]
+		}
+		if c.header, p = c.header+1, p[1:]; c.header == 5 {
+			c.header, c.body = 0, int(binary.BigEndian.Uint16(c.length[:]))
+			c.units += 1 + c.body>>10
+		}
+	}
+	return n, err
+}
+
+// take returns the units read since the last take.
+func (c *recordConn) take() (units int) {
+	units, c.units = c.units, 0
+	return units
+}
+
 // Why a session ended, besides the errors it sent and the I/O errors.
 var (
 	errExpired   = errors.New("silent for longer than its lease")
@@ -349,7 +416,6 @@ var (
 const (
 	maxOwed    = 1 << 16          // answers owed while a writer is stuck
 	floodPause = time.Millisecond // the flood rate's time a byte, unless the lease is short: see run
-	tlsHidden  = 16               // records crypto/tls may read, and answer (KeyUpdates), inside a read before its data
 	floodSlack = 4                // bytes a read may run ahead of the rate
 	maxBatch   = 1024             // bytes a write: a flood is answered in turns
 )
@@ -394,6 +460,9 @@ func (s *session) handshake() error {
 		return fmt.Errorf("TLS handshake: %w", err)
 	}
 	s.identity = Identity(s.tls.ConnectionState())
+	if m := s.meter(); m != nil {
+		m.take() // the handshake's records are the io-timeout's
+	}
 	return nil
 }
 
@@ -451,12 +520,22 @@ func (s *session) acquire() (time.Time, error) {
 }
 
 // Read is io.Reader through rbuf for the rest of the ACQUIRE, which gets
-// a fresh io-timeout once it needs more than the first read.
+// a fresh io-timeout once it needs more than the first read. Over a
+// NewTLSListener's connection its records are paced as run's, a unit of
+// floodPause (the lease is not known yet), within that io-timeout.
 func (s *session) Read(p []byte) (int, error) {
 	if s.r == s.w {
+		m := s.meter()
 		if s.w != 0 {
 			s.r, s.w = 0, 0
-			s.conn.SetDeadline(time.Now().Add(s.srv.ioTimeout()))
+			by := time.Now().Add(s.srv.ioTimeout())
+			s.conn.SetDeadline(by)
+			if m != nil {
+				m.readBy = by
+			}
+		}
+		if m != nil { // for its reads so far, until the io-timeout at most
+			m.pace(time.Duration(m.take())*floodPause, floodPause, m.readBy, time.Now())
 		}
 		return s.conn.Read(p)
 	}
@@ -468,21 +547,20 @@ func (s *session) Read(p []byte) (int, error) {
 // run reads and answers heartbeats until the session ends: len(rbuf) bytes
 // at most a read, answered before the next. Reads of more than one byte,
 // or any over TLS, are held to a rate of a byte each floodPause, or each
-// quarter of the lease if shorter (a client may heartbeat that often),
-// and over TLS tlsHidden more for each read, unless that makes a byte's
-// read cost more than a quarter of the lease: such a read is due that
-// long after the last one's due time, and one more than floodSlack
-// one-byte reads ahead waits (why: docs/sessions.md, "A flood harms only
-// the flooder"). A rate, not a pause after each read: a client at the
-// protocol's pace never waits, whatever the server's own delays.
+// quarter of the lease if shorter (a client may heartbeat that often);
+// over a NewTLSListener's connection a TLS read costs a unit for each
+// record read from the network (and each whole KiB of one), and one for
+// each byte past its first: crypto/tls reads, and answers, records
+// (KeyUpdates) it never returns. The reads are paced by s.pace (why: docs/sessions.md, "A
+// flood harms only the flooder").
 func (s *session) run(deadline time.Time) {
 	srv := s.srv
 	unit := min(floodPause, s.lease/4)
-	var hidden time.Duration // of a TLS read, besides its bytes
-	if s.tls != nil {
-		hidden = min(tlsHidden*floodPause, s.lease/4-unit)
+	var own rate
+	m, rate := s.meter(), &own
+	if m != nil {
+		rate = &m.rate // the ACQUIRE's debt
 	}
-	var due time.Time // when the rate's reads so far have been paid for
 	for {
 		var cost time.Duration // of this read, against the rate
 		if s.r == s.w {
@@ -495,8 +573,11 @@ func (s *session) run(deadline time.Time) {
 				s.end(err)
 				return
 			}
-			if s.r, s.w = 0, uint8(n); n > 1 || s.tls != nil { // a TLS read is one record, however many came
-				cost = time.Duration(n)*unit + hidden
+			switch s.r, s.w = 0, uint8(n); {
+			case m != nil:
+				cost = time.Duration(n-1+m.take()) * unit
+			case n > 1 || s.tls != nil: // a TLS read is one record, however many came
+				cost = time.Duration(n) * unit
 			}
 		}
 		beats, bad := s.scan()
@@ -509,16 +590,32 @@ func (s *session) run(deadline time.Time) {
 		}
 		deadline = s.leaseEndLocked()
 		s.drainOwnLocked()
-		if cost > 0 {
-			if due.Before(now) {
-				due = now
-			}
-			due = due.Add(cost)
-			if wait := time.Until(due) - floodSlack*(unit+hidden); wait > 0 { // no longer than the lease: its end is seen on time
-				time.Sleep(min(wait, time.Until(deadline)))
-			}
-		}
+		rate.pace(cost, unit, deadline, now)
 	}
+}
+
+// rate is the account of a session's reads against the flood rate.
+type rate struct{ due time.Time } // when the reads so far are paid for
+
+// pace charges cost to the rate and waits while the reads are more than
+// floodSlack units ahead of it, until deadline at most (a lease's end is
+// seen on time). A rate, not a pause after each read: a client at the
+// protocol's pace never waits, whatever the server's own delays.
+func (r *rate) pace(cost, unit time.Duration, deadline, now time.Time) {
+	if cost <= 0 {
+		return
+	}
+	r.due = later(r.due, now).Add(cost)
+	if wait := time.Until(r.due) - floodSlack*unit; wait > 0 {
+		time.Sleep(min(wait, time.Until(deadline)))
+	}
+}
+
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }
 
 // scan takes the heartbeats in rbuf, then the error of a bad frame.

@@ -823,7 +823,7 @@ func TestStatsCountWhatHappened(t *testing.T) {
 		served := make(chan error, 2)
 		go func() { served <- srv.Serve(plain) }()
 		go func() {
-			served <- srv.Serve(tls.NewListener(tlsNet, &tls.Config{Certificates: []tls.Certificate{cert}}))
+			served <- srv.Serve(NewTLSListener(tlsNet, &tls.Config{Certificates: []tls.Certificate{cert}}))
 		}()
 		time.Sleep(time.Second) // Serve backs off 5, 10 and 20ms, then accepts
 		want.AcceptErrors = 3
@@ -1352,7 +1352,7 @@ func TestDenialsAndFailedHandshakesAreLogged(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	addr := serveOn(t, srv, tls.NewListener(inner, &tls.Config{Certificates: []tls.Certificate{selfSigned(t)}}))
+	addr := serveOn(t, srv, NewTLSListener(inner, &tls.Config{Certificates: []tls.Certificate{selfSigned(t)}}))
 
 	for i := range 20 {
 		raw, err := net.DialTimeout("tcp", addr, wait)

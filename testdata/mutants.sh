@@ -146,32 +146,40 @@ mutant pause-half-the-lease server.go 'TestFloodPauseOverTLS|TestFloodRateUnitIs
   'unit := min(floodPause, s.lease/2)'
 # A pause after each read, not a rate: it adds to the server's own delays.
 mutant pause-not-a-rate server.go 'TestShortLeaseHoldsOverTLS' . \
-  'if wait := time.Until(due) - floodSlack*(unit+hidden); wait > 0 {' \
+  'if wait := time.Until(r.due) - floodSlack*unit; wait > 0 {' \
   'if wait := cost; wait > 0 {'
 # The rate's clock never catches up with a client that fell behind it.
 mutant rate-keeps-old-debt server.go 'TestShortLeaseHoldsOverTLS|TestFloodPauseAfterAMultiByteRead' . \
-  $'if due.Before(now) {\n\t\t\t\tdue = now\n\t\t\t}' \
-  $'if due.IsZero() {\n\t\t\t\tdue = now\n\t\t\t}'
+  'r.due = later(r.due, now).Add(cost)' \
+  'r.due = later(r.due, time.Time{}).Add(cost)'
 # One-byte reads over TCP are counted against the rate too.
 mutant tcp-single-byte-reads-counted server.go 'TestFloodPauseAfterAMultiByteRead' . \
-  'n > 1 || s.tls != nil {' \
-  'n > 0 {'
-# Over TLS the records crypto/tls read inside a read (KeyUpdates, answered) are not counted.
-mutant tls-hidden-not-counted server.go 'TestKeyUpdateFloodIsHeldToTheRate' . \
-  'cost = time.Duration(n)*unit + hidden' \
-  'cost = time.Duration(n) * unit'
-# ... nor after a read of more than one byte.
-mutant tls-hidden-only-for-one-byte server.go 'TestFloodPauseAfterAMultiByteTLSRead' . \
-  'cost = time.Duration(n)*unit + hidden' \
-  'cost = time.Duration(n)*unit + hidden/time.Duration(n)'
-# The hidden records' cost ignores a short lease: a TLS client at the protocol's pace falls behind the rate.
-mutant tls-hidden-ignores-the-lease server.go 'TestShortLeaseHoldsOverTLS' . \
-  'hidden = min(tlsHidden*floodPause, s.lease/4-unit)' \
-  'hidden = tlsHidden * floodPause'
-# The slack is 4 bytes, not 4 one-byte reads: a TLS client at the protocol's pace waits 13 ms a heartbeat.
-mutant tls-slack-ignores-hidden server.go 'TestFloodPauseOverTLS' . \
-  'floodSlack*(unit+hidden)' \
-  'floodSlack*unit'
+  'case n > 1 || s.tls != nil:' \
+  'case n > 0:'
+# Over NewTLSListener the records read from the network are not counted: one a read, as crypto/tls returns them.
+mutant tls-records-not-counted server.go 'TestKeyUpdateFloodIsHeldToTheRate' . \
+  'case m != nil:' \
+  'case false:'
+# A record padded to 16 KiB costs what a byte's does.
+mutant tls-record-kib-not-counted server.go 'TestKeyUpdateFloodIsHeldToTheRate' . \
+  'c.units += 1 + c.body>>10' \
+  'c.units++'
+# A record's header is read as 4 bytes: every count after the first record is wrong.
+mutant tls-record-header-4 server.go 'TestKeyUpdateFloodIsHeldToTheRate|TestFloodPauseOverTLS' . \
+  'c.header == 5 {' \
+  'c.header == 4 {'
+# The rest of an ACQUIRE is read with no rate.
+mutant tls-acquire-unpaced server.go 'TestKeyUpdatesInsideTheAcquireAreHeldToTheRate' . \
+  'm.pace(time.Duration(m.take())*floodPause, floodPause, m.readBy, time.Now())' \
+  '_ = m.readBy'
+# The handshake's records are charged to the first heartbeats.
+mutant tls-handshake-charged server.go 'TestFloodPauseOverTLS|TestShortLeaseHoldsOverTLS' . \
+  'm.take() // the handshake' \
+  '_ = m // the handshake'
+# The rate's wait for the rest of an ACQUIRE outlasts its io-timeout.
+mutant tls-acquire-wait-past-io-timeout server.go 'TestKeyUpdatesInsideTheAcquireMeetTheIOTimeout' . \
+  'm.readBy = by' \
+  'm.readBy = by.Add(time.Hour)'
 mutant rate-no-slack server.go 'TestFloodPauseOverTLS|TestFloodPauseAfterAMultiByteRead' . \
   'floodSlack = 4 ' \
   'floodSlack = 0 '
@@ -452,8 +460,8 @@ mutant lease-zero-accepted protocol.go 'TestErrorCodes' . \
 # run: over TLS a read is one record, so a burst of one-byte records is
 # never paused (the twentieth review).
 mutant tls-burst-unpaused server.go 'TestFloodPauseOverTLS' . \
-  'n > 1 || s.tls != nil {' \
-  'n > 1 {'
+  'case n > 1 || s.tls != nil:' \
+  'case n > 1:'
 # Rule 10 (drainLocked): another goroutine's writer takes, and writes, an
 # answer for a session whose lease has passed (the nineteenth review).
 mutant writer-ignores-the-lease server.go 'TestWriterTakingAfterTheLeaseEndsTheSession' . \

@@ -11,7 +11,6 @@ package main
 
 import (
 	"context"
-	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
@@ -166,7 +165,7 @@ func serve(args []string, stdout, stderr io.Writer) int {
 		return fail(2, "-listen: %v", err)
 	}
 	if sec.certFile != "" {
-		l = tls.NewListener(l, sec.listenerConfig())
+		l = monolock.NewTLSListener(l, sec.listenerConfig())
 	}
 	// Every address is listened on before anything is served or said to
 	// be: one that cannot be used stops the start with nothing served.
