@@ -60,8 +60,8 @@ mutant no-io-timeout-before-acquire server.go 'TestIOTimeout$' . \
   $'s.conn.SetDeadline(time.Now().Add(srv.ioTimeout()))\n\tn, err := s.conn.Read(s.rbuf[:])' \
   $'s.conn.SetDeadline(time.Now().Add(time.Hour))\n\tn, err := s.conn.Read(s.rbuf[:])'
 mutant no-io-timeout-inside-acquire server.go 'TestIOTimeout$|TestIOTimeoutBoundsTheWholeRestOfAFrame' . \
-  's.conn.SetDeadline(time.Now().Add(s.srv.ioTimeout()))' \
-  's.conn.SetDeadline(time.Now().Add(time.Hour))'
+  'by := time.Now().Add(s.srv.ioTimeout())' \
+  'by := time.Now().Add(time.Hour)'
 # acquire: the first frame's reads set no write deadline: over TLS, a
 # KeyUpdate's answer meets the handshake's (found by the review of the
 # eleventh review's TLS fixes).
