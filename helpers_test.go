@@ -624,7 +624,7 @@ func (l *pipeListener) holder(t *testing.T, remote, name string) net.Conn {
 // acceptTLS has the server accept server, its end of a pipe, under TLS
 // with a self-signed certificate.
 func (l *pipeListener) acceptTLS(t *testing.T, server net.Conn) {
-	l.acceptTLSUnmetered(t, &recordConn{Conn: server})
+	l.acceptTLSUnmetered(t, newRecordConn(server))
 }
 
 // acceptTLSUnmetered is acceptTLS as through tls.NewListener: the server
@@ -1424,4 +1424,67 @@ func countRecords(raw net.Conn, records *atomic.Int64) {
 		}
 		records.Add(1)
 	}
+}
+
+// holdAfterHello passes the first Write (the ClientHello) and keeps every
+// later one until flush, which writes it with extra in one Write: the
+// client's Finished and what follows arrive together.
+type holdAfterHello struct {
+	net.Conn
+	mu     sync.Mutex
+	writes int
+	open   bool
+	buf    []byte
+}
+
+func (c *holdAfterHello) Write(b []byte) (int, error) {
+	c.mu.Lock()
+	c.writes++
+	if c.writes == 1 || c.open {
+		c.mu.Unlock()
+		return c.Conn.Write(b)
+	}
+	c.buf = append(c.buf, b...)
+	c.mu.Unlock()
+	return len(b), nil
+}
+
+func (c *holdAfterHello) flush(extra []byte) error {
+	c.mu.Lock()
+	b := append(c.buf, extra...)
+	c.buf, c.open = nil, true
+	c.mu.Unlock()
+	_, err := c.Conn.Write(b)
+	return err
+}
+
+// alpnPadding is a NextProtos list of n protocols of 255 bytes: a
+// ClientHello of about n/4 KiB, which crypto/tls's read buffer grows to fit.
+func alpnPadding(n int) []string {
+	var p []string
+	for i := range n {
+		p = append(p, fmt.Sprintf("%04d", i)+strings.Repeat("p", 251))
+	}
+	return p
+}
+
+// handshakeHeld is handshakeTLS13 with the client's last flight held.
+func handshakeHeld(t *testing.T, raw net.Conn, alpn int) (*tls.Conn, *tls13Sender, *holdAfterHello) {
+	hc := &holdAfterHello{Conn: raw}
+	var keylog bytes.Buffer
+	c := tls.Client(hc, &tls.Config{InsecureSkipVerify: true, MinVersion: tls.VersionTLS13, KeyLogWriter: &keylog, NextProtos: alpnPadding(alpn)})
+	c.SetDeadline(time.Now().Add(time.Hour))
+	if err := c.Handshake(); err != nil {
+		t.Fatal(err)
+	}
+	s, err := newTLS13Sender(c.ConnectionState().CipherSuite)
+	if err != nil {
+		t.Skip(err)
+	}
+	secret, err := keyLogSecret(keylog.String(), "CLIENT_TRAFFIC_SECRET_0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.setSecret(secret)
+	return c, s, hc
 }

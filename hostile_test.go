@@ -621,6 +621,10 @@ func TestKeyUpdateFloodIsHeldToTheRate(t *testing.T) {
 					if shape == "split" {
 						batch = 81
 					}
+					// Held to the rate, not ended: a minute's lease outlasts any batch's debt.
+					if lease == time.Minute && srv.Stats().Connections != 1 {
+						t.Errorf("a second of 16 KeyUpdates (%s) a HEARTBEAT, lease 1m: the session ended; want it held to the rate", shape)
+					}
 					if n, units := written.Load(), sent.Load()*int64(1+pad>>10); n > 1100 || units > 1100+batch {
 						t.Errorf("a second of 16 KeyUpdates (%s) a HEARTBEAT, lease %v: %d records written, %d read (%d records and KiB); want about 1,100 at most each, and a batch",
 							shape, lease, n, sent.Load(), units)
@@ -672,7 +676,13 @@ func TestKeyUpdatesInsideTheAcquireAreHeldToTheRate(t *testing.T) {
 				t.Errorf("%d records written in the first %ds of an ACQUIRE sent a byte a record after 16 KeyUpdates each; want 1,100 a second at most", n, i)
 			}
 		}
-		<-ended
+		err := <-ended
+		for end := time.Now().Add(time.Second); srv.Stats().Acquires == 0 && time.Now().Before(end); {
+			time.Sleep(time.Millisecond) // the last records, read, are paced
+		}
+		if err != nil || srv.Stats().Acquires != 1 {
+			t.Errorf("the ACQUIRE held to the rate: %v, %d acquires; want it read whole within its io-timeout, and joined", err, srv.Stats().Acquires)
+		}
 	})
 }
 
@@ -704,6 +714,142 @@ func TestKeyUpdatesInsideTheAcquireMeetTheIOTimeout(t *testing.T) {
 		synctest.Wait()
 		if d := time.Since(start); d != time.Second || srv.Stats().Acquires != 0 || srv.Stats().Connections != 0 {
 			t.Errorf("an ACQUIRE held to the rate past its io-timeout of 1s: ended after %v, %+v; want ended at 1s, unanswered", d, srv.Stats())
+		}
+	})
+}
+
+// The records that come with the client's Finished are read by crypto/tls
+// inside the handshake, whose count is not charged; reading ahead there,
+// as far as a ClientHello padded to 15 KB had grown its buffer, took in
+// 800 one-byte HEARTBEAT records uncharged, all answered at once (the
+// break-review of NewTLSListener). During the handshake the server reads
+// no further than the record at hand: an ACQUIRE and 1,000 HEARTBEAT
+// records sent with the Finished are answered at the rate, about a
+// millisecond each, the burst at once the documented one.
+func TestRecordsSentWithTheFinishedAreCharged(t *testing.T) {
+	for _, alpn := range []int{0, 58} {
+		t.Run(fmt.Sprintf("ALPN names %d", alpn), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				srv := &Server{}
+				l := servePipe(t, srv)
+				defer time.Sleep(time.Minute) // the rate's sleep, and the session's end, run out
+				defer srv.Close()
+				raw, server := net.Pipe()
+				l.acceptTLS(t, server)
+				c, s, hc := handshakeHeld(t, raw, alpn)
+				b, _ := acquire("x", time.Minute).AppendBinary(nil)
+				batch := s.record(23, b)
+				const n = 1000
+				for range n {
+					batch = append(batch, s.record(23, []byte{TypeHeartbeat})...)
+				}
+				start := time.Now()
+				go hc.flush(batch)
+				mustRead(t, c, TypeAcquired)
+				atOnce := 0
+				var last time.Duration
+				for range n {
+					mustRead(t, c, TypeAcquired)
+					if last = time.Since(start); last == 0 {
+						atOnce++
+					}
+				}
+				if atOnce > 55 || last < 900*time.Millisecond {
+					t.Errorf("%d HEARTBEATs sent with the Finished answered at once, the last after %v; want 55 at most at once, the 1,000 at about a millisecond each", atOnce, last)
+				}
+			})
+		})
+	}
+}
+
+// A lease of 1 ms makes the rate's unit 250 µs, the pace of an honest
+// client's heartbeats; a flooder keeping to it with a KeyUpdate before
+// each HEARTBEAT kept its lease and had the server read and write 4,000
+// records a second (the break-review of NewTLSListener). A read's records
+// past its first cost a millisecond each: such a flooder falls behind
+// the rate and is ended at its lease, or has about 1,000 KeyUpdates
+// answered a second at most (a lease of 2 ms: 667); one heartbeating
+// alone at the unit's pace is answered throughout. Fake time.
+func TestShortLeaseFloodIsHeldToTheRate(t *testing.T) {
+	for _, c := range []struct {
+		lease, every time.Duration
+		kus          int
+	}{
+		{time.Millisecond, 500 * time.Microsecond, 1},
+		{time.Millisecond, 750 * time.Microsecond, 2},
+		{2 * time.Millisecond, time.Millisecond, 1},
+		{time.Millisecond, 250 * time.Microsecond, 0}, // an honest client's pace
+	} {
+		t.Run(fmt.Sprintf("%v/every %v/%d KeyUpdates", c.lease, c.every, c.kus), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				srv := &Server{}
+				l := servePipe(t, srv)
+				defer time.Sleep(time.Second) // the rate's sleep, and the session's end, run out
+				defer srv.Close()
+				raw, server := net.Pipe()
+				l.acceptTLS(t, server)
+				tc, s := handshakeTLS13(t, raw)
+				sendAcquire(t, tc, "x", c.lease)
+				s.seq = 1 // the ACQUIRE was the first record
+				mustRead(t, tc, TypeAcquired)
+				var written atomic.Int64
+				go countRecords(raw, &written)
+				stop := time.Now().Add(time.Second)
+				for next := time.Now(); time.Now().Before(stop); next = next.Add(c.every) {
+					time.Sleep(time.Until(next))
+					var batch []byte
+					for range c.kus {
+						batch = append(batch, s.record(22, []byte{24, 0, 0, 1, 1})...)
+						s.updateKeys()
+					}
+					if _, err := raw.Write(append(batch, s.record(23, []byte{TypeHeartbeat})...)); err != nil {
+						break
+					}
+				}
+				synctest.Wait()
+				st := srv.Stats()
+				// A record written for each HEARTBEAT answered, one a read here; the rest answer KeyUpdates.
+				honest, keyUpdates := c.kus == 0, written.Load()-int64(st.Heartbeats)
+				if honest && st.Connections != 1 || !honest && st.Connections == 1 && keyUpdates > 1100 {
+					t.Errorf("lease %v, %d KeyUpdates before a HEARTBEAT every %v: %d KeyUpdates answered in a second, %d connections left; want an honest client kept, a flooder ended or its KeyUpdates held to about 1,000",
+						c.lease, c.kus, c.every, keyUpdates, st.Connections)
+				}
+				raw.Close()
+			})
+		})
+	}
+}
+
+// crypto/tls assembles a handshake message across records inside one
+// Read: one that declares 65,532 bytes, sent a byte a record, had the
+// server decrypt 65,533 records in one read, uncharged (the break-review
+// of NewTLSListener). Over 1,024 records (or KiB) in one read end the
+// session. Fake time.
+func TestOneReadOfManyRecordsEndsTheSession(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		srv := &Server{}
+		l := servePipe(t, srv)
+		defer time.Sleep(time.Minute) // the rate's sleep, and the session's end, run out
+		defer srv.Close()
+		raw, server := net.Pipe()
+		l.acceptTLS(t, server)
+		tc, s := handshakeTLS13(t, raw)
+		sendAcquire(t, tc, "x", time.Minute)
+		s.seq = 1 // the ACQUIRE was the first record
+		mustRead(t, tc, TypeAcquired)
+		go io.Copy(io.Discard, raw)
+		const body = 65532
+		msg := s.record(22, []byte{24, 0, body >> 8, body & 0xff})
+		read := 1
+		for ; read < 5000; read++ {
+			if _, err := raw.Write(append(msg, s.record(22, []byte{0})...)); err != nil {
+				break
+			}
+			msg = nil
+		}
+		synctest.Wait()
+		if read > maxUnitsARead+100 || srv.Stats().Connections != 0 {
+			t.Errorf("%d one-byte records of one handshake message read, %d connections left; want the session ended past 1,024", read, srv.Stats().Connections)
 		}
 	})
 }

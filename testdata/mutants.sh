@@ -168,6 +168,18 @@ mutant tls-record-kib-not-counted server.go 'TestKeyUpdateFloodIsHeldToTheRate' 
 mutant tls-record-header-4 server.go 'TestKeyUpdateFloodIsHeldToTheRate|TestFloodPauseOverTLS' . \
   'c.header == 5 {' \
   'c.header == 4 {'
+# The handshake reads ahead: records sent with the client's Finished go uncharged.
+mutant tls-handshake-reads-ahead server.go 'TestRecordsSentWithTheFinishedAreCharged' . \
+  'return &recordConn{Conn: c, exact: true} }' \
+  'return &recordConn{Conn: c} }'
+# A read's records past its first cost the lease's unit, not a millisecond: a short lease floods.
+mutant tls-extra-records-at-the-unit server.go 'TestShortLeaseFloodIsHeldToTheRate' . \
+  'time.Duration(max(k-1, 0))*floodPause' \
+  'time.Duration(max(k-1, 0))*unit'
+# No bound on the records one read takes in.
+mutant tls-records-a-read-unbounded server.go 'TestOneReadOfManyRecordsEndsTheSession' . \
+  'if c.units > maxUnitsARead {' \
+  'if false {'
 # The rest of an ACQUIRE is read with no rate.
 mutant tls-acquire-unpaced server.go 'TestKeyUpdatesInsideTheAcquireAreHeldToTheRate' . \
   'm.pace(time.Duration(m.take())*floodPause, floodPause, m.readBy, time.Now())' \
