@@ -368,13 +368,11 @@ func (l recordListener) Accept() (net.Conn, error) {
 	return newRecordConn(c), nil
 }
 
-func newRecordConn(c net.Conn) *recordConn { return &recordConn{Conn: c, exact: true} }
+func newRecordConn(c net.Conn) *recordConn { return &recordConn{Conn: c} }
 
 // recordConn counts the TLS records read through it, a unit each and one
 // more for each whole KiB of one, for the one goroutine that reads (the
-// session's, through crypto/tls). While exact (the handshake, whose count
-// is not charged) it reads no further than the record at hand, so that
-// none read with the client's Finished goes uncounted.
+// session's, through crypto/tls).
 type recordConn struct {
 	net.Conn
 	rate             // the session's, from the rest of its ACQUIRE
@@ -383,20 +381,22 @@ type recordConn struct {
 	header int       // bytes of the next record's header read so far
 	length [2]byte
 	body   int // bytes of the current record still to come
-	exact  bool
 }
 
-// maxUnitsARead bounds what crypto/tls may take in within one of the
-// session's reads: a handshake message split a byte a record would be
-// 65,536 records; an honest client sends a few.
+// maxUnitsARead bounds what crypto/tls may take in between two charges
+// (a read of the session's, or the handshake's reads): a handshake message
+// split a byte a record would be 65,536 records; an honest client sends a
+// few.
 const maxUnitsARead = 1 << 10
+
+// handshakeUnits are the units of a TLS handshake not charged to the rate:
+// its own records and KiB (a certificate chain), not those crypto/tls read
+// ahead with the client's Finished.
+const handshakeUnits = 32
 
 var errTooManyRecords = errors.New("more than 1024 TLS records, or KiB, in one read")
 
 func (c *recordConn) Read(b []byte) (int, error) {
-	if c.exact && len(b) > 0 {
-		b = b[:min(len(b), cmp.Or(c.body, 5-c.header))]
-	}
 	n, err := c.Conn.Read(b)
 	for p := b[:n]; len(p) > 0; {
 		if c.body > 0 {
@@ -480,8 +480,7 @@ func (s *session) handshake() error {
 	}
 	s.identity = Identity(s.tls.ConnectionState())
 	if m := s.meter(); m != nil {
-		m.take() // the handshake's records are the io-timeout's
-		m.exact = false
+		m.units = max(m.units-handshakeUnits, 0)
 	}
 	return nil
 }
@@ -572,9 +571,9 @@ func (s *session) Read(p []byte) (int, error) {
 // or any over TLS, are held to a rate of a byte each floodPause, or each
 // quarter of the lease if shorter (a client may heartbeat that often);
 // over a NewTLSListener's connection a TLS read costs a unit for each
-// byte past its first and for the first record read from the network,
-// and floodPause for each other record and each whole KiB of one:
-// crypto/tls reads, and answers, records (KeyUpdates) it never returns. The reads are paced by s.pace (why: docs/sessions.md, "A
+// record read from the network (and each whole KiB of one), and one for
+// each byte past its first: crypto/tls reads, and answers, records
+// (KeyUpdates) it never returns. The reads are paced by s.pace (why: docs/sessions.md, "A
 // flood harms only the flooder").
 func (s *session) run(deadline time.Time) {
 	srv := s.srv
@@ -597,9 +596,8 @@ func (s *session) run(deadline time.Time) {
 				return
 			}
 			switch s.r, s.w = 0, uint8(n); {
-			case m != nil: // the first record at the client's pace, any other at floodPause's
-				k := m.take()
-				cost = time.Duration(n-1+min(k, 1))*unit + time.Duration(max(k-1, 0))*floodPause
+			case m != nil:
+				cost = time.Duration(n-1+m.take()) * unit
 			case n > 1 || s.tls != nil: // a TLS read is one record, however many came
 				cost = time.Duration(n) * unit
 			}

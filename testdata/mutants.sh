@@ -168,14 +168,14 @@ mutant tls-record-kib-not-counted server.go 'TestKeyUpdateFloodIsHeldToTheRate' 
 mutant tls-record-header-4 server.go 'TestKeyUpdateFloodIsHeldToTheRate|TestFloodPauseOverTLS' . \
   'c.header == 5 {' \
   'c.header == 4 {'
-# The handshake reads ahead: records sent with the client's Finished go uncharged.
-mutant tls-handshake-reads-ahead server.go 'TestRecordsSentWithTheFinishedAreCharged' . \
-  'return &recordConn{Conn: c, exact: true} }' \
-  'return &recordConn{Conn: c} }'
-# A read's records past its first cost the lease's unit, not a millisecond: a short lease floods.
-mutant tls-extra-records-at-the-unit server.go 'TestShortLeaseFloodIsHeldToTheRate' . \
-  'time.Duration(max(k-1, 0))*floodPause' \
-  'time.Duration(max(k-1, 0))*unit'
+# Every unit read during the handshake is free: records sent with the client's Finished go uncharged.
+mutant tls-handshake-all-free server.go 'TestRecordsSentWithTheFinishedAreCharged' . \
+  'm.units = max(m.units-handshakeUnits, 0)' \
+  'm.units = 0'
+# Records read together cost more than apart (a millisecond past a read's first): honest short leases end.
+mutant tls-extra-records-at-a-millisecond server.go 'TestTLSRecordsReadTogetherCostWhatTheyWouldApart' . \
+  'cost = time.Duration(n-1+m.take()) * unit' \
+  'k := m.take(); cost = time.Duration(n-1+min(k, 1))*unit + time.Duration(max(k-1, 0))*floodPause'
 # No bound on the records one read takes in.
 mutant tls-records-a-read-unbounded server.go 'TestOneReadOfManyRecordsEndsTheSession' . \
   'if c.units > maxUnitsARead {' \
@@ -186,8 +186,8 @@ mutant tls-acquire-unpaced server.go 'TestKeyUpdatesInsideTheAcquireAreHeldToThe
   '_ = m.readBy'
 # The handshake's records are charged to the first heartbeats.
 mutant tls-handshake-charged server.go 'TestFloodPauseOverTLS|TestShortLeaseHoldsOverTLS' . \
-  'm.take() // the handshake' \
-  '_ = m // the handshake'
+  'm.units = max(m.units-handshakeUnits, 0)' \
+  '_ = m'
 # The rate's wait for the rest of an ACQUIRE outlasts its io-timeout.
 mutant tls-acquire-wait-past-io-timeout server.go 'TestKeyUpdatesInsideTheAcquireMeetTheIOTimeout' . \
   'm.readBy = by' \
