@@ -870,6 +870,135 @@ func TestTLSRecordsReadTogetherCostWhatTheyWouldApart(t *testing.T) {
 	}
 }
 
+// A client at the protocol's pace whose ACQUIRE comes in several writes
+// (an unbuffered encoder: Java's DataOutputStream over an SSLSocket writes
+// writeInt as 4 writes), each a TLS record, keeps a lease of 1 ms and
+// never waits, as over TCP: the rest of the ACQUIRE is paced at a
+// millisecond a record before each of its reads, and that debt is not
+// carried into run at a short lease's unit (carried, the client lost a
+// lease of 1 ms after one heartbeat from 2 records, of 2 ms from 5: the
+// fresh review of the TLS rate). Fake time: exact.
+func TestAcquireInSeveralTLSRecordsCostsAnHonestClientNothing(t *testing.T) {
+	for _, overTLS := range []bool{false, true} {
+		for _, lease := range []time.Duration{time.Millisecond, 2 * time.Millisecond, 4 * time.Millisecond, 16 * time.Millisecond} {
+			for _, parts := range []int{1, 2, 3, 5, 9} {
+				name := fmt.Sprintf("tls=%v/lease %v/%d writes", overTLS, lease, parts)
+				t.Run(name, func(t *testing.T) {
+					synctest.Test(t, func(t *testing.T) {
+						srv := &Server{}
+						l := servePipe(t, srv)
+						defer time.Sleep(time.Second) // the rate's sleep, and the session's end, run out
+						defer srv.Close()
+						var c net.Conn
+						if overTLS {
+							raw, server := net.Pipe()
+							l.acceptTLS(t, server)
+							tc := tls.Client(raw, &tls.Config{InsecureSkipVerify: true})
+							tc.SetDeadline(time.Now().Add(time.Minute))
+							if err := tc.Handshake(); err != nil {
+								t.Fatal(err)
+							}
+							c = tc
+						} else {
+							c = l.dial("r")
+						}
+						defer c.Close()
+						b, _ := acquire(strings.Repeat("n", 100), lease).AppendBinary(nil)
+						var sent time.Time
+						for i := range parts {
+							p := b[i : i+1]
+							if i == parts-1 {
+								p = b[i:]
+							}
+							sent = time.Now()
+							if _, err := c.Write(p); err != nil {
+								t.Fatal(err)
+							}
+						}
+						mustRead(t, c, TypeAcquired)
+						u := lease / 4
+						var maxWait time.Duration
+						beats := 0
+						stop := time.Now().Add(time.Second)
+						for time.Now().Before(stop) {
+							time.Sleep(time.Until(sent.Add(u)))
+							sent = time.Now()
+							if _, err := c.Write([]byte{TypeHeartbeat}); err != nil {
+								t.Errorf("%s: write after %d heartbeats: %v", name, beats, err)
+								return
+							}
+							c.SetReadDeadline(sent.Add(lease))
+							if _, err := ReadFrame(c); err != nil {
+								t.Errorf("%s: lease lost after %d heartbeats (%v after the ACQUIRED); max wait for a reply %v: %v", name, beats, time.Since(stop.Add(-time.Second)), maxWait, err)
+								return
+							}
+							maxWait = max(maxWait, time.Since(sent))
+							beats++
+						}
+						if maxWait > 0 {
+							t.Errorf("%s: kept, %d heartbeats, but waited up to %v for a reply", name, beats, maxWait)
+						}
+					})
+				})
+			}
+		}
+	}
+}
+
+// A client at the protocol's pace with a large certificate chain keeps a
+// short lease and never waits: the handshake's units free from the rate
+// are 32 and a KiB for each of the chain's (32 alone cost a client with a
+// chain of 31.5 KB its lease of 1 ms, of 63 KB a lease of 16 ms, and a
+// lease of 100 ms a wait of 13 ms: the fresh review of the TLS rate).
+// Fake time: exact.
+func TestLargeClientChainCostsAnHonestClientNothing(t *testing.T) {
+	for _, c := range []struct {
+		copies int
+		lease  time.Duration
+	}{{120, time.Millisecond}, {240, time.Millisecond}, {240, 16 * time.Millisecond}, {240, 100 * time.Millisecond}} {
+		t.Run(fmt.Sprint(c.copies, " copies/", c.lease), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				srv := &Server{}
+				l := servePipe(t, srv)
+				defer time.Sleep(time.Second) // the rate's sleep, and the session's end, run out
+				defer srv.Close()
+				cert := selfSigned(t)
+				chain := cert
+				chain.Certificate = nil
+				for range c.copies {
+					chain.Certificate = append(chain.Certificate, cert.Certificate[0])
+				}
+				raw, server := net.Pipe()
+				go func() {
+					l.conns <- tls.Server(newRecordConn(server), &tls.Config{Certificates: []tls.Certificate{cert}, ClientAuth: tls.RequestClientCert})
+				}()
+				tc := tls.Client(raw, &tls.Config{InsecureSkipVerify: true, Certificates: []tls.Certificate{chain}})
+				tc.SetDeadline(time.Now().Add(time.Minute))
+				if err := tc.Handshake(); err != nil {
+					t.Fatal(err)
+				}
+				sent := time.Now()
+				sendAcquire(t, tc, "x", c.lease)
+				mustRead(t, tc, TypeAcquired)
+				for beats := 0; beats < 1000; beats++ {
+					time.Sleep(time.Until(sent.Add(c.lease / 4)))
+					sent = time.Now()
+					if _, err := tc.Write([]byte{TypeHeartbeat}); err != nil {
+						t.Fatalf("a chain of %d bytes, lease %v: write after %d heartbeats: %v", c.copies*len(cert.Certificate[0]), c.lease, beats, err)
+					}
+					tc.SetReadDeadline(sent.Add(c.lease))
+					if _, err := ReadFrame(tc); err != nil {
+						t.Fatalf("a chain of %d bytes, lease %v: lease lost after %d heartbeats: %v", c.copies*len(cert.Certificate[0]), c.lease, beats, err)
+					}
+					if d := time.Since(sent); d > 0 {
+						t.Fatalf("a chain of %d bytes, lease %v: waited %v at heartbeat %d", c.copies*len(cert.Certificate[0]), c.lease, d, beats)
+					}
+				}
+			})
+		})
+	}
+}
+
 // crypto/tls assembles a handshake message across records inside one
 // Read: one that declares 65,532 bytes, sent a byte a record, had the
 // server decrypt 65,533 records in one read, uncharged (the break-review

@@ -375,7 +375,7 @@ func newRecordConn(c net.Conn) *recordConn { return &recordConn{Conn: c} }
 // session's, through crypto/tls).
 type recordConn struct {
 	net.Conn
-	rate             // the session's, from the rest of its ACQUIRE
+	rate             // of the rest of the ACQUIRE's reads
 	readBy time.Time // the rest of the ACQUIRE's deadline
 	units  int       // since the last take
 	header int       // bytes of the next record's header read so far
@@ -389,9 +389,9 @@ type recordConn struct {
 // few.
 const maxUnitsARead = 1 << 10
 
-// handshakeUnits are the units of a TLS handshake not charged to the rate:
-// its own records and KiB (a certificate chain), not those crypto/tls read
-// ahead with the client's Finished.
+// handshakeUnits are the units of a TLS handshake not charged to the rate,
+// with a KiB for each of the client's certificate chain: its own records,
+// not those crypto/tls read ahead with the client's Finished.
 const handshakeUnits = 32
 
 var errTooManyRecords = errors.New("more than 1024 TLS records, or KiB, in one read")
@@ -478,9 +478,14 @@ func (s *session) handshake() error {
 	if err != nil {
 		return fmt.Errorf("TLS handshake: %w", err)
 	}
-	s.identity = Identity(s.tls.ConnectionState())
+	cs := s.tls.ConnectionState()
+	s.identity = Identity(cs)
 	if m := s.meter(); m != nil {
-		m.units = max(m.units-handshakeUnits, 0)
+		chain := 0
+		for _, c := range cs.PeerCertificates {
+			chain += len(c.Raw)
+		}
+		m.units = max(m.units-handshakeUnits-chain>>10, 0)
 	}
 	return nil
 }
@@ -578,11 +583,11 @@ func (s *session) Read(p []byte) (int, error) {
 func (s *session) run(deadline time.Time) {
 	srv := s.srv
 	unit := min(floodPause, s.lease/4)
-	var own rate
-	m, rate := s.meter(), &own
-	if m != nil {
-		rate = &m.rate // the ACQUIRE's debt
-	}
+	// A fresh account: the rest of the ACQUIRE was paced before each of
+	// its reads, at a millisecond a record; carried into a short lease's
+	// unit, that debt cost a client at the protocol's pace its lease.
+	var rate rate
+	m := s.meter()
 	for {
 		var cost time.Duration // of this read, against the rate
 		if s.r == s.w {

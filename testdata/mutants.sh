@@ -170,12 +170,20 @@ mutant tls-record-header-4 server.go 'TestKeyUpdateFloodIsHeldToTheRate|TestFloo
   'c.header == 4 {'
 # Every unit read during the handshake is free: records sent with the client's Finished go uncharged.
 mutant tls-handshake-all-free server.go 'TestRecordsSentWithTheFinishedAreCharged' . \
-  'm.units = max(m.units-handshakeUnits, 0)' \
+  'm.units = max(m.units-handshakeUnits-chain>>10, 0)' \
   'm.units = 0'
 # Records read together cost more than apart (a millisecond past a read's first): honest short leases end.
 mutant tls-extra-records-at-a-millisecond server.go 'TestTLSRecordsReadTogetherCostWhatTheyWouldApart' . \
   'cost = time.Duration(n-1+m.take()) * unit' \
   'k := m.take(); cost = time.Duration(n-1+min(k, 1))*unit + time.Duration(max(k-1, 0))*floodPause'
+# The rest of the ACQUIRE's debt is carried into run at a short lease's unit.
+mutant tls-acquire-debt-carried server.go 'TestAcquireInSeveralTLSRecordsCostsAnHonestClientNothing' . \
+  $'\tvar rate rate\n\tm := s.meter()\n' \
+  $'\tvar rate rate\n\tm := s.meter()\n\tif m != nil {\n\t\trate = m.rate\n\t}\n'
+# The client's certificate chain is charged: an honest client with a large one loses a short lease.
+mutant tls-client-chain-charged server.go 'TestLargeClientChainCostsAnHonestClientNothing' . \
+  'm.units = max(m.units-handshakeUnits-chain>>10, 0)' \
+  'm.units = max(m.units-handshakeUnits-chain>>20, 0)'
 # No bound on the records one read takes in.
 mutant tls-records-a-read-unbounded server.go 'TestOneReadOfManyRecordsEndsTheSession' . \
   'if c.units > maxUnitsARead {' \
@@ -186,7 +194,7 @@ mutant tls-acquire-unpaced server.go 'TestKeyUpdatesInsideTheAcquireAreHeldToThe
   '_ = m.readBy'
 # The handshake's records are charged to the first heartbeats.
 mutant tls-handshake-charged server.go 'TestFloodPauseOverTLS|TestShortLeaseHoldsOverTLS' . \
-  'm.units = max(m.units-handshakeUnits, 0)' \
+  'm.units = max(m.units-handshakeUnits-chain>>10, 0)' \
   '_ = m'
 # The rate's wait for the rest of an ACQUIRE outlasts its io-timeout.
 mutant tls-acquire-wait-past-io-timeout server.go 'TestKeyUpdatesInsideTheAcquireMeetTheIOTimeout' . \
