@@ -1256,8 +1256,14 @@ func dialServedTLS(t *testing.T, srv *Server) net.Conn {
 // secret from the handshake's key log. It skips the test unless the suite
 // is AES-GCM, the one the sender speaks.
 func handshakeTLS13(t *testing.T, conn net.Conn) (*tls.Conn, *tls13Sender) {
+	return handshakeTLS13With(t, conn, &tls.Config{})
+}
+
+// handshakeTLS13With is handshakeTLS13 with cfg's other settings.
+func handshakeTLS13With(t *testing.T, conn net.Conn, cfg *tls.Config) (*tls.Conn, *tls13Sender) {
 	var keylog bytes.Buffer
-	c := tls.Client(conn, &tls.Config{InsecureSkipVerify: true, MinVersion: tls.VersionTLS13, KeyLogWriter: &keylog})
+	cfg.InsecureSkipVerify, cfg.MinVersion, cfg.KeyLogWriter = true, tls.VersionTLS13, &keylog
+	c := tls.Client(conn, cfg)
 	c.SetDeadline(time.Now().Add(wait))
 	if err := c.Handshake(); err != nil {
 		t.Fatal(err)
@@ -1471,20 +1477,20 @@ func alpnPadding(n int) []string {
 // handshakeHeld is handshakeTLS13 with the client's last flight held.
 func handshakeHeld(t *testing.T, raw net.Conn, alpn int) (*tls.Conn, *tls13Sender, *holdAfterHello) {
 	hc := &holdAfterHello{Conn: raw}
-	var keylog bytes.Buffer
-	c := tls.Client(hc, &tls.Config{InsecureSkipVerify: true, MinVersion: tls.VersionTLS13, KeyLogWriter: &keylog, NextProtos: alpnPadding(alpn)})
-	c.SetDeadline(time.Now().Add(time.Hour))
-	if err := c.Handshake(); err != nil {
-		t.Fatal(err)
-	}
-	s, err := newTLS13Sender(c.ConnectionState().CipherSuite)
-	if err != nil {
-		t.Skip(err)
-	}
-	secret, err := keyLogSecret(keylog.String(), "CLIENT_TRAFFIC_SECRET_0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	s.setSecret(secret)
+	c, s := handshakeTLS13With(t, hc, &tls.Config{NextProtos: alpnPadding(alpn)})
 	return c, s, hc
+}
+
+// holdOverTLS holds lock x with lease over a pipe that l serves through
+// its metered TLS, by the test's own TLS 1.3 client: it returns the raw
+// end, the client and its record sender, the ACQUIRE's record sent.
+func holdOverTLS(t *testing.T, l *pipeListener, lease time.Duration) (net.Conn, *tls.Conn, *tls13Sender) {
+	t.Helper()
+	raw, server := net.Pipe()
+	l.acceptTLS(t, server)
+	c, s := handshakeTLS13(t, raw)
+	sendAcquire(t, c, "x", lease)
+	s.seq = 1 // the ACQUIRE was the first record
+	mustRead(t, c, TypeAcquired)
+	return raw, c, s
 }

@@ -580,12 +580,7 @@ func TestKeyUpdateFloodIsHeldToTheRate(t *testing.T) {
 					l := servePipe(t, srv)
 					defer time.Sleep(time.Second) // the rate's sleep, and the session's end, run out
 					defer srv.Close()
-					raw, server := net.Pipe()
-					l.acceptTLS(t, server)
-					c, s := handshakeTLS13(t, raw)
-					sendAcquire(t, c, "x", lease)
-					s.seq = 1 // the ACQUIRE was the first record
-					mustRead(t, c, TypeAcquired)
+					raw, _, s := holdOverTLS(t, l, lease)
 					var written atomic.Int64 // records, since the grant
 					go countRecords(raw, &written)
 					pad := 0
@@ -787,12 +782,7 @@ func TestShortLeaseFloodIsHeldToTheRate(t *testing.T) {
 				l := servePipe(t, srv)
 				defer time.Sleep(time.Second) // the rate's sleep, and the session's end, run out
 				defer srv.Close()
-				raw, server := net.Pipe()
-				l.acceptTLS(t, server)
-				tc, s := handshakeTLS13(t, raw)
-				sendAcquire(t, tc, "x", c.lease)
-				s.seq = 1 // the ACQUIRE was the first record
-				mustRead(t, tc, TypeAcquired)
+				raw, _, s := holdOverTLS(t, l, c.lease)
 				var written atomic.Int64
 				go countRecords(raw, &written)
 				stop := time.Now().Add(time.Second)
@@ -836,12 +826,7 @@ func TestTLSRecordsReadTogetherCostWhatTheyWouldApart(t *testing.T) {
 					l := servePipe(t, srv)
 					defer time.Sleep(time.Second) // the rate's sleep, and the session's end, run out
 					defer srv.Close()
-					raw, server := net.Pipe()
-					l.acceptTLS(t, server)
-					tc, s := handshakeTLS13(t, raw)
-					sendAcquire(t, tc, "x", lease)
-					s.seq = 1 // the ACQUIRE was the first record
-					mustRead(t, tc, TypeAcquired)
+					raw, _, s := holdOverTLS(t, l, lease)
 					go io.Copy(io.Discard, raw)
 					var hold []byte
 					i, stop := 0, time.Now().Add(time.Second)
@@ -1010,12 +995,7 @@ func TestOneReadOfManyRecordsEndsTheSession(t *testing.T) {
 		l := servePipe(t, srv)
 		defer time.Sleep(time.Minute) // the rate's sleep, and the session's end, run out
 		defer srv.Close()
-		raw, server := net.Pipe()
-		l.acceptTLS(t, server)
-		tc, s := handshakeTLS13(t, raw)
-		sendAcquire(t, tc, "x", time.Minute)
-		s.seq = 1 // the ACQUIRE was the first record
-		mustRead(t, tc, TypeAcquired)
+		raw, _, s := holdOverTLS(t, l, time.Minute)
 		go io.Copy(io.Discard, raw)
 		const body = 65532
 		msg := s.record(22, []byte{24, 0, body >> 8, body & 0xff})
