@@ -287,7 +287,11 @@ func TestShutdownBurstWaitsForRoomInTheAuditQueue(t *testing.T) {
 					read.Add(1)
 				}
 			}()
-			<-sent
+			select {
+			case <-sent:
+			case <-time.After(wait):
+				t.Fatalf("the shutdown events still not queued %v after the sink recovered", wait)
+			}
 			if lost := a.close(0); lost != 0 || a.dropped.Load() != 0 {
 				t.Fatalf("close = %d lost, %d dropped of %d shutdown events, with a sink that recovered: want none", lost, a.dropped.Load(), c.lines)
 			}
@@ -391,7 +395,11 @@ func TestShutdownOfManyHoldersLosesNoAuditLine(t *testing.T) {
 	time.Sleep(time.Second) // the burst meets a full pipe
 	close(resume)
 	code := s.exitCode(t)
-	<-read
+	select {
+	case <-read:
+	case <-time.After(wait):
+		t.Fatalf("the audit FIFO not at its end %v after the server exited", wait)
+	}
 	if code != 0 || released.Load() != n {
 		t.Fatalf("exit status %d, %d of %d releases in the audit log; want 0 and all; stderr:\n%s", code, released.Load(), n, s.log())
 	}
