@@ -736,9 +736,7 @@ func TestValidationBeforeDial(t *testing.T) {
 }
 
 func TestDialErrorIsKeptAndMarked(t *testing.T) {
-	l, _ := net.Listen("tcp", "127.0.0.1:0")
-	addr := l.Addr().String()
-	l.Close() // nothing listens here now
+	addr, _ := refusing(t)
 	_, err := New(Config{Address: addr}).Acquire(context.Background(), "d", time.Second)
 	var op *net.OpError
 	if !errors.Is(err, ErrDial) || !errors.As(err, &op) || op.Op != "dial" {
@@ -751,12 +749,10 @@ func TestDialErrorIsKeptAndMarked(t *testing.T) {
 
 func TestDoRetry(t *testing.T) {
 	t.Run("refused dial, then a server", func(t *testing.T) {
-		l, _ := net.Listen("tcp", "127.0.0.1:0")
-		addr := l.Addr().String()
-		l.Close()
+		addr, listen := refusing(t)
 		go func() {
 			time.Sleep(500 * time.Millisecond)
-			l, err := net.Listen("tcp", addr)
+			l, err := listen()
 			if err != nil {
 				t.Error(err)
 				return
@@ -876,9 +872,7 @@ func TestDoRetry(t *testing.T) {
 		}
 	})
 	t.Run("context ends during backoff", func(t *testing.T) {
-		l, _ := net.Listen("tcp", "127.0.0.1:0")
-		addr := l.Addr().String()
-		l.Close()
+		addr, _ := refusing(t)
 		ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
 		defer cancel()
 		err := New(Config{Address: addr}).DoRetry(ctx, "r", time.Second, func(context.Context, uint64) error { return nil })
@@ -1462,8 +1456,7 @@ func TestEveryErrorItsMatchesAndItsRetry(t *testing.T) {
 	answer := func(b ...byte) string { // reads the ACQUIRE, answers b, closes
 		return fakeServer(t, func(c net.Conn) { ReadFrame(c); c.Write(b) })
 	}
-	refused, _ := net.Listen("tcp", "127.0.0.1:0")
-	refused.Close()
+	refused, _ := refusing(t)
 	plain := startServer(t, &Server{})
 	tl, err := tls.Listen("tcp", "127.0.0.1:0", &tls.Config{Certificates: []tls.Certificate{selfSigned(t)}})
 	if err != nil {
@@ -1493,7 +1486,7 @@ func TestEveryErrorItsMatchesAndItsRetry(t *testing.T) {
 		wait  time.Duration // the first wait's base: 0 at once, once or never
 	}
 	cases := []errCase{
-		{name: "refused", addr: refused.Addr().String(), is: []error{ErrDial}, wait: 100 * time.Millisecond,
+		{name: "refused", addr: refused, is: []error{ErrDial}, wait: 100 * time.Millisecond,
 			as: func(err error) bool { return errors.Is(err, syscall.ECONNREFUSED) }},
 		{name: "reset before any reply", wait: 100 * time.Millisecond, is: []error{ErrConnectionClosed},
 			addr: fakeServer(t, func(c net.Conn) { ReadFrame(c); c.(*net.TCPConn).SetLinger(0) }),
@@ -1826,8 +1819,7 @@ func (c lateContext) Deadline() (time.Time, bool) { return c.deadline, true }
 // the dial or the claim met it: the client waits at most that long for
 // the end of ctx a moment after its deadline.
 func TestErrorUnderAPassedDeadlineThatNeverEndsReturns(t *testing.T) {
-	refused, _ := net.Listen("tcp", "127.0.0.1:0")
-	refused.Close()
+	refused, _ := refusing(t)
 	closes := fakeServer(t, func(c net.Conn) {
 		ReadFrame(c)
 		time.Sleep(200 * time.Millisecond)
@@ -1837,7 +1829,7 @@ func TestErrorUnderAPassedDeadlineThatNeverEndsReturns(t *testing.T) {
 		deadline   time.Duration // from now
 		want       error
 	}{
-		{"refused dial", refused.Addr().String(), -time.Millisecond, ErrDial},
+		{"refused dial", refused, -time.Millisecond, ErrDial},
 		{"closed before any reply", closes, 50 * time.Millisecond, ErrConnectionClosed},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -1494,3 +1494,17 @@ func holdOverTLS(t *testing.T, l *pipeListener, lease time.Duration) (net.Conn, 
 	mustRead(t, c, TypeAcquired)
 	return raw, c, s
 }
+
+// refusing returns an address that refuses connections until its listen
+// is called, which returns the listener on it. A closed listener's port
+// would do on its own, but it is free for the next test's listener, which
+// would then answer; on unix (helpers_unix_test.go) the port stays taken.
+var refusing = func(t *testing.T) (string, func() (net.Listener, error)) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	return addr, func() (net.Listener, error) { return net.Listen("tcp", addr) }
+}

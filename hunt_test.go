@@ -309,7 +309,7 @@ func huntOverNet(t *testing.T, hn huntNet) {
 }
 
 // setReceiveBuffer sets a socket's SO_RCVBUF, where the platform has it
-// (hunt_unix_test.go); nil elsewhere.
+// (helpers_unix_test.go); nil elsewhere.
 var setReceiveBuffer func(fd uintptr, n int) error
 
 // probeListener hands the server probeConns over TCP, with the least send

@@ -392,3 +392,23 @@ func TestEachVariableIsBetweenItsFlagAndTheDefault(t *testing.T) {
 		"ops_listen": "", "io_timeout_ms": 5000, "log_level": "info", "log_format": "text",
 		"audit_log": "", "tls": false, "mtls": false, "acl_file": ""})
 }
+
+// refused returns an address that refuses connections: a socket bound and
+// never listening. A closed listener's port would be free for the next
+// listener of a test running beside this one, which would then answer.
+func refused(t *testing.T) string {
+	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	syscall.CloseOnExec(fd)
+	t.Cleanup(func() { syscall.Close(fd) })
+	if err := syscall.Bind(fd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+		t.Fatal(err)
+	}
+	sa, err := syscall.Getsockname(fd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fmt.Sprintf("127.0.0.1:%d", sa.(*syscall.SockaddrInet4).Port)
+}

@@ -200,9 +200,7 @@ func TestRunRefusedAndUnreachable(t *testing.T) {
 // first reason once; -n makes one attempt; -wait ends the retries with the
 // last attempt's reason.
 func TestRunRetriesUntilTheServerAnswers(t *testing.T) {
-	l, _ := net.Listen("tcp", "127.0.0.1:0")
-	nobody := l.Addr().String()
-	l.Close()
+	nobody := refused(t)
 	retryLine := regexp.MustCompile(`(?m)^monolock run: lock "x" at ` + regexp.QuoteMeta(nobody) +
 		` not acquired yet: .*connection refused; retrying \(until granted or -wait 1s\)$`)
 	t.Run("nobody listening, -n", func(t *testing.T) {
