@@ -1351,14 +1351,38 @@ func (s *tls13Sender) open(rec []byte) (contentType byte, plain []byte, err erro
 
 // record seals msg as the next record of the given content type.
 func (s *tls13Sender) record(contentType byte, msg []byte) []byte {
+	return s.sealPadded(contentType, msg, 0)
+}
+
+// sealPadded is record with the inner plaintext padded with zeros to pad
+// bytes in all (at most 2^14+1), as TLS 1.3 allows.
+func (s *tls13Sender) sealPadded(contentType byte, msg []byte, pad int) []byte {
 	nonce := bytes.Clone(s.iv)
 	for i := range 8 {
 		nonce[4+i] ^= byte(s.seq >> (56 - 8*i))
 	}
 	s.seq++
+	inner := append(bytes.Clone(msg), contentType)
+	if len(inner) < pad {
+		inner = append(inner, make([]byte, pad-len(inner))...)
+	}
 	hdr := []byte{0x17, 0x03, 0x03, 0, 0} // application_data, TLS 1.2 on the wire
-	binary.BigEndian.PutUint16(hdr[3:], uint16(len(msg)+1+s.aead.Overhead()))
-	return s.aead.Seal(hdr, nonce, append(bytes.Clone(msg), contentType), hdr)
+	binary.BigEndian.PutUint16(hdr[3:], uint16(len(inner)+s.aead.Overhead()))
+	return s.aead.Seal(hdr, nonce, inner, hdr)
+}
+
+// keyUpdateRequested is a KeyUpdate that asks for one in return.
+var keyUpdateRequested = []byte{24, 0, 0, 1, 1}
+
+// keyUpdates returns n KeyUpdates that ask for one in return, a record
+// each, and moves the sender to the keys that follow them.
+func (s *tls13Sender) keyUpdates(n int) []byte {
+	var b []byte
+	for range n {
+		b = append(b, s.record(22, keyUpdateRequested)...)
+		s.updateKeys()
+	}
+	return b
 }
 
 // queueOrder holds each lock's queue to strict FIFO from one check to the
@@ -1399,23 +1423,6 @@ func (q *queueOrder) checkLocked(srv *Server) error {
 		}
 	}
 	return nil
-}
-
-// sealPadded is record with the inner plaintext padded with zeros to pad
-// bytes in all (at most 2^14+1), as TLS 1.3 allows.
-func (s *tls13Sender) sealPadded(contentType byte, msg []byte, pad int) []byte {
-	nonce := bytes.Clone(s.iv)
-	for i := range 8 {
-		nonce[4+i] ^= byte(s.seq >> (56 - 8*i))
-	}
-	s.seq++
-	inner := append(bytes.Clone(msg), contentType)
-	if len(inner) < pad {
-		inner = append(inner, make([]byte, pad-len(inner))...)
-	}
-	hdr := []byte{0x17, 0x03, 0x03, 0, 0}
-	binary.BigEndian.PutUint16(hdr[3:], uint16(len(inner)+s.aead.Overhead()))
-	return s.aead.Seal(hdr, nonce, inner, hdr)
 }
 
 // countRecords counts the TLS records the server writes on raw.

@@ -571,7 +571,7 @@ func TestFloodPauseAfterAMultiByteTLSRead(t *testing.T) {
 // connection (a short lease ends at its lease instead, the rate's wait
 // running past it). Fake time.
 func TestKeyUpdateFloodIsHeldToTheRate(t *testing.T) {
-	ku := []byte{24, 0, 0, 1, 1} // KeyUpdate, update_requested
+	ku := keyUpdateRequested
 	for _, lease := range []time.Duration{time.Millisecond, 4 * time.Millisecond, 16 * time.Millisecond, 67 * time.Millisecond, time.Minute} {
 		for _, shape := range []string{"whole", "split", "padded"} {
 			t.Run(fmt.Sprintf("%v/%s", lease, shape), func(t *testing.T) {
@@ -653,12 +653,7 @@ func TestKeyUpdatesInsideTheAcquireAreHeldToTheRate(t *testing.T) {
 		ended := make(chan error, 1)
 		go func() {
 			for _, b := range acq {
-				var batch []byte
-				for range 16 {
-					batch = append(batch, s.record(22, []byte{24, 0, 0, 1, 1})...)
-					s.updateKeys()
-				}
-				if _, err := raw.Write(append(batch, s.record(23, []byte{b})...)); err != nil {
+				if _, err := raw.Write(append(s.keyUpdates(16), s.record(23, []byte{b})...)); err != nil {
 					ended <- err
 					return
 				}
@@ -697,12 +692,7 @@ func TestKeyUpdatesInsideTheAcquireMeetTheIOTimeout(t *testing.T) {
 		acq, _ := acquire(strings.Repeat("n", MaxNameLen), time.Minute).AppendBinary(nil)
 		start := time.Now()
 		for _, b := range acq {
-			var batch []byte
-			for range 16 {
-				batch = append(batch, s.record(22, []byte{24, 0, 0, 1, 1})...)
-				s.updateKeys()
-			}
-			if _, err := raw.Write(append(batch, s.record(23, []byte{b})...)); err != nil {
+			if _, err := raw.Write(append(s.keyUpdates(16), s.record(23, []byte{b})...)); err != nil {
 				break
 			}
 		}
@@ -788,12 +778,7 @@ func TestShortLeaseFloodIsHeldToTheRate(t *testing.T) {
 				stop := time.Now().Add(time.Second)
 				for next := time.Now(); time.Now().Before(stop); next = next.Add(c.every) {
 					time.Sleep(time.Until(next))
-					var batch []byte
-					for range c.kus {
-						batch = append(batch, s.record(22, []byte{24, 0, 0, 1, 1})...)
-						s.updateKeys()
-					}
-					if _, err := raw.Write(append(batch, s.record(23, []byte{TypeHeartbeat})...)); err != nil {
+					if _, err := raw.Write(append(s.keyUpdates(c.kus), s.record(23, []byte{TypeHeartbeat})...)); err != nil {
 						break
 					}
 				}

@@ -4027,8 +4027,8 @@ func TestTLSReadPathWriteEndsAtTheLease(t *testing.T) {
 			switch tc.name {
 			case "heartbeat":
 				_, err = w.Write([]byte{TypeHeartbeat})
-			case "keyupdate": // update_requested
-				_, err = client.Write(s.record(22, []byte{24, 0, 0, 1, 1}))
+			case "keyupdate":
+				_, err = client.Write(s.keyUpdates(1))
 			case "badrecord":
 				rec := s.record(23, []byte{TypeHeartbeat})
 				rec[len(rec)-1] ^= 1
@@ -4077,7 +4077,7 @@ func TestKeyUpdateStuckInAReadEndsAtTheLease(t *testing.T) {
 	mustRead(t, x, TypeWaiting)
 
 	client.SetWriteDeadline(time.Now().Add(wait))
-	if _, err := client.Write(s.record(22, []byte{24, 0, 0, 1, 1})); err != nil { // KeyUpdate, update_requested; then W is silent
+	if _, err := client.Write(s.keyUpdates(1)); err != nil { // then W is silent
 		t.Fatal(err)
 	}
 	time.Sleep(lease / 2)

@@ -643,10 +643,9 @@ func TestTLS13KeyUpdateKeepsTheSession(t *testing.T) {
 		token := mustRead(t, c, TypeAcquired).Token
 
 		time.Sleep(idle)
-		if _, err := raw.Write(s.record(22, []byte{24, 0, 0, 1, 1})); err != nil { // KeyUpdate, update_requested
+		if _, err := raw.Write(s.keyUpdates(1)); err != nil {
 			t.Fatal(err)
 		}
-		s.updateKeys()
 		if _, err := raw.Write(s.record(23, []byte{TypeHeartbeat})); err != nil {
 			t.Fatal(err)
 		}
@@ -1458,11 +1457,10 @@ func TestTLS13KeyUpdateBeforeTheAcquireKeepsTheSession(t *testing.T) {
 			srv := &Server{IOTimeout: ioTimeout}
 			raw := dialServedTLS(t, srv)
 			c, s := handshakeTLS13(t, &delayedFlightConn{Conn: raw, delay: ioTimeout * 6 / 10})
-			time.Sleep(ioTimeout * 6 / 10)                                             // the first frame, within its io-timeout
-			if _, err := raw.Write(s.record(22, []byte{24, 0, 0, 1, 1})); err != nil { // KeyUpdate, update_requested
+			time.Sleep(ioTimeout * 6 / 10) // the first frame, within its io-timeout
+			if _, err := raw.Write(s.keyUpdates(1)); err != nil {
 				t.Fatal(err)
 			}
-			s.updateKeys()
 			want := TypeAcquired
 			if then == "acquire" {
 				b, _ := acquire("x", time.Minute).AppendBinary(nil)
