@@ -336,6 +336,70 @@ func TestShutdownDeadlineClosesStuckSessions(t *testing.T) {
 	}
 }
 
+// Shutdown ends within its io-timeout whatever the clients do: a session
+// waiting for the flood rate is woken by it, over TCP (a read of 32
+// HEARTBEATs: 28 ms of debt, with an io-timeout of 10 ms), over TLS (900
+// HEARTBEAT records sent with the Finished, read ahead by crypto/tls:
+// about 860 ms, with an io-timeout of 100 ms) and for the rest of an
+// ACQUIRE sent with KeyUpdates, 16 a byte (the break-review of the TLS rate: Shutdown
+// returned after 28 ms and 781 ms, the rate's sleep run out). Fake time:
+// the client reads, so Shutdown returns at once.
+func TestShutdownDoesNotWaitForTheFloodRate(t *testing.T) {
+	for _, how := range []string{"tcp", "tls, records with the Finished", "tls, KeyUpdates inside the ACQUIRE"} {
+		t.Run(how, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				srv := &Server{IOTimeout: 100 * time.Millisecond}
+				if how == "tcp" {
+					srv.IOTimeout = 10 * time.Millisecond
+				}
+				l := servePipe(t, srv)
+				defer time.Sleep(time.Minute) // the rate's sleep, and the session's end, run out
+				defer srv.Close()
+				switch how {
+				case "tcp":
+					c := l.holder(t, "r", "x")
+					go io.Copy(io.Discard, c)
+					c.Write(bytes.Repeat([]byte{TypeHeartbeat}, 32))
+				case "tls, records with the Finished":
+					raw, server := net.Pipe()
+					l.acceptTLS(t, server)
+					c, s, hc := handshakeHeld(t, raw, 58) // a buffer grown to read them all ahead
+					b, _ := acquire("x", time.Minute).AppendBinary(nil)
+					batch := s.record(23, b)
+					for range 900 {
+						batch = append(batch, s.record(23, []byte{TypeHeartbeat})...)
+					}
+					go hc.flush(batch)
+					mustRead(t, c, TypeAcquired)
+					go io.Copy(io.Discard, c)
+				default:
+					raw, server := net.Pipe()
+					l.acceptTLS(t, server)
+					_, s := handshakeTLS13(t, raw)
+					go io.Copy(io.Discard, raw)
+					acq, _ := acquire(strings.Repeat("n", MaxNameLen), time.Minute).AppendBinary(nil)
+					go func() {
+						for _, b := range acq[:40] { // 680 records: more than an ACQUIRE's free
+							if _, err := raw.Write(append(s.keyUpdates(16), s.record(23, []byte{b})...)); err != nil {
+								return
+							}
+						}
+					}()
+				}
+				synctest.Wait() // in the rate's wait
+				if st := srv.Stats(); st.Connections != 1 {
+					t.Fatalf("%d connections; want the flooder's", st.Connections)
+				}
+				start := time.Now()
+				srv.Shutdown(context.Background())
+				if d := time.Since(start); d > 0 {
+					t.Errorf("%s: Shutdown returned after %v (io-timeout %v); want at once, the client reading", how, d, srv.IOTimeout)
+				}
+			})
+		})
+	}
+}
+
 // Shutdown grants nothing: a holder taken out of the table before its
 // waiter does not hand the lock on, spending a token on a session that is
 // about to be told 0x01.

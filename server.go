@@ -378,6 +378,7 @@ type recordConn struct {
 	rate             // of the rest of the ACQUIRE's reads
 	readBy time.Time // the rest of the ACQUIRE's deadline
 	units  int       // since the last take
+	free   int       // units not charged: see handshakeUnits; below 0, owed
 	header int       // bytes of the next record's header read so far
 	length [2]byte
 	body   int // bytes of the current record still to come
@@ -390,8 +391,10 @@ type recordConn struct {
 const maxUnitsARead = 1 << 10
 
 // handshakeUnits are the units of a TLS handshake not charged to the rate,
-// with a KiB for each of the client's certificate chain: its own records,
-// not those crypto/tls read ahead with the client's Finished.
+// with a KiB for each of the client's certificate chain; then the ACQUIRE's
+// own are free too, a record a byte at most, as its bytes are over TCP
+// (before its length is known, the longest's): whatever records come with
+// the Finished or the ACQUIRE, only so many.
 const handshakeUnits = 32
 
 var errTooManyRecords = errors.New("more than 1024 TLS records, or KiB, in one read")
@@ -418,10 +421,11 @@ func (c *recordConn) Read(b []byte) (int, error) {
 	return n, err
 }
 
-// take returns the units read since the last take.
+// take returns the units read since the last take, less those free.
 func (c *recordConn) take() (units int) {
-	units, c.units = c.units, 0
-	return units
+	units, c.units = c.units-c.free, 0
+	c.free = max(-units, 0)
+	return max(units, 0)
 }
 
 // Why a session ended, besides the errors it sent and the I/O errors.
@@ -485,7 +489,7 @@ func (s *session) handshake() error {
 		for _, c := range cs.PeerCertificates {
 			chain += len(c.Raw)
 		}
-		m.units = max(m.units-handshakeUnits-chain>>10, 0)
+		m.free = handshakeUnits + chain>>10 + 8 + MaxNameLen
 	}
 	return nil
 }
@@ -559,7 +563,7 @@ func (s *session) Read(p []byte) (int, error) {
 			}
 		}
 		if m != nil { // for its reads so far, until the io-timeout at most
-			m.pace(time.Duration(m.take())*floodPause, floodPause, m.readBy, time.Now())
+			m.pace(time.Duration(m.take())*floodPause, floodPause, m.readBy, time.Now(), s.srv.done)
 			if !time.Now().Before(m.readBy) {
 				return 0, os.ErrDeadlineExceeded
 			}
@@ -583,11 +587,15 @@ func (s *session) Read(p []byte) (int, error) {
 func (s *session) run(deadline time.Time) {
 	srv := s.srv
 	unit := min(floodPause, s.lease/4)
-	// A fresh account: the rest of the ACQUIRE was paced before each of
-	// its reads, at a millisecond a record; carried into a short lease's
-	// unit, that debt cost a client at the protocol's pace its lease.
+	// A fresh account at the lease's unit: the rest of the ACQUIRE was
+	// paced before each of its reads. The free units are settled: those of
+	// an ACQUIRE longer than this one are owed, those left are not carried.
 	var rate rate
 	m := s.meter()
+	if m != nil {
+		m.free -= MaxNameLen - len(s.name)
+		m.units, m.free = m.take(), 0
+	}
 	for {
 		var cost time.Duration // of this read, against the rate
 		if s.r == s.w {
@@ -617,7 +625,7 @@ func (s *session) run(deadline time.Time) {
 		}
 		deadline = s.leaseEndLocked()
 		s.drainOwnLocked()
-		rate.pace(cost, unit, deadline, now)
+		rate.pace(cost, unit, deadline, now, srv.done)
 	}
 }
 
@@ -626,15 +634,21 @@ type rate struct{ due time.Time } // when the reads so far are paid for
 
 // pace charges cost to the rate and waits while the reads are more than
 // floodSlack units ahead of it, until deadline at most (a lease's end is
-// seen on time). A rate, not a pause after each read: a client at the
-// protocol's pace never waits, whatever the server's own delays.
-func (r *rate) pace(cost, unit time.Duration, deadline, now time.Time) {
+// seen on time) or done, Shutdown's start (it waits for this goroutine).
+// A rate, not a pause after each read: a client at the protocol's pace
+// never waits, whatever the server's own delays.
+func (r *rate) pace(cost, unit time.Duration, deadline, now time.Time, done <-chan struct{}) {
 	if cost <= 0 {
 		return
 	}
 	r.due = later(r.due, now).Add(cost)
-	if wait := time.Until(r.due) - floodSlack*unit; wait > 0 {
-		time.Sleep(min(wait, time.Until(deadline)))
+	if wait := min(time.Until(r.due)-floodSlack*unit, time.Until(deadline)); wait > 0 {
+		t := time.NewTimer(wait)
+		defer t.Stop()
+		select {
+		case <-t.C:
+		case <-done:
+		}
 	}
 }
 

@@ -146,8 +146,8 @@ mutant pause-half-the-lease server.go 'TestFloodPauseOverTLS|TestFloodRateUnitIs
   'unit := min(floodPause, s.lease/2)'
 # A pause after each read, not a rate: it adds to the server's own delays.
 mutant pause-not-a-rate server.go 'TestShortLeaseHoldsOverTLS' . \
-  'if wait := time.Until(r.due) - floodSlack*unit; wait > 0 {' \
-  'if wait := cost; wait > 0 {'
+  'if wait := min(time.Until(r.due)-floodSlack*unit, time.Until(deadline)); wait > 0 {' \
+  'if wait := min(cost, time.Until(deadline)); wait > 0 {'
 # The rate's clock never catches up with a client that fell behind it.
 mutant rate-keeps-old-debt server.go 'TestShortLeaseHoldsOverTLS|TestFloodPauseAfterAMultiByteRead' . \
   'r.due = later(r.due, now).Add(cost)' \
@@ -170,36 +170,48 @@ mutant tls-record-header-4 server.go 'TestKeyUpdateFloodIsHeldToTheRate|TestFloo
   'c.header == 4 {'
 # Every unit read during the handshake is free: records sent with the client's Finished go uncharged.
 mutant tls-handshake-all-free server.go 'TestRecordsSentWithTheFinishedAreCharged' . \
-  'm.units = max(m.units-handshakeUnits-chain>>10, 0)' \
-  'm.units = 0'
+  'm.free = handshakeUnits + chain>>10 + 8 + MaxNameLen' \
+  'm.units, m.free = 0, 8+MaxNameLen'
 # Records read together cost more than apart (a millisecond past a read's first): honest short leases end.
 mutant tls-extra-records-at-a-millisecond server.go 'TestTLSRecordsReadTogetherCostWhatTheyWouldApart' . \
   'cost = time.Duration(n-1+m.take()) * unit' \
   'k := m.take(); cost = time.Duration(n-1+min(k, 1))*unit + time.Duration(max(k-1, 0))*floodPause'
-# The rest of the ACQUIRE's debt is carried into run at a short lease's unit.
-mutant tls-acquire-debt-carried server.go 'TestAcquireInSeveralTLSRecordsCostsAnHonestClientNothing' . \
-  $'\tvar rate rate\n\tm := s.meter()\n' \
-  $'\tvar rate rate\n\tm := s.meter()\n\tif m != nil {\n\t\trate = m.rate\n\t}\n'
 # The client's certificate chain is charged: an honest client with a large one loses a short lease.
 mutant tls-client-chain-charged server.go 'TestLargeClientChainCostsAnHonestClientNothing' . \
-  'm.units = max(m.units-handshakeUnits-chain>>10, 0)' \
-  'm.units = max(m.units-handshakeUnits-chain>>20, 0)'
+  'm.free = handshakeUnits + chain>>10 + 8 + MaxNameLen' \
+  'm.free = handshakeUnits + chain>>20 + 8 + MaxNameLen'
 # No bound on the records one read takes in.
 mutant tls-records-a-read-unbounded server.go 'TestOneReadOfManyRecordsEndsTheSession' . \
   'if c.units > maxUnitsARead {' \
   'if false {'
 # The rest of an ACQUIRE is read with no rate.
 mutant tls-acquire-unpaced server.go 'TestKeyUpdatesInsideTheAcquireAreHeldToTheRate' . \
-  'm.pace(time.Duration(m.take())*floodPause, floodPause, m.readBy, time.Now())' \
+  'm.pace(time.Duration(m.take())*floodPause, floodPause, m.readBy, time.Now(), s.srv.done)' \
   '_ = m.readBy'
 # The handshake's records are charged to the first heartbeats.
 mutant tls-handshake-charged server.go 'TestFloodPauseOverTLS|TestShortLeaseHoldsOverTLS' . \
-  'm.units = max(m.units-handshakeUnits-chain>>10, 0)' \
-  '_ = m'
+  'm.free = handshakeUnits + chain>>10 + 8 + MaxNameLen' \
+  'm.free = 0'
 # The rate's wait for the rest of an ACQUIRE outlasts its io-timeout.
 mutant tls-acquire-wait-past-io-timeout server.go 'TestKeyUpdatesInsideTheAcquireMeetTheIOTimeout' . \
   'm.readBy = by' \
   'm.readBy = by.Add(time.Hour)'
+# An ACQUIRE's own records are charged: one sent a byte a record waits, or meets its io-timeout.
+mutant tls-acquire-records-charged server.go 'TestAcquireARecordAByteIsAnsweredAtOnce' . \
+  'm.free = handshakeUnits + chain>>10 + 8 + MaxNameLen' \
+  'm.free = handshakeUnits + chain>>10'
+# The longest ACQUIRE's records are free whatever this one's length: records sent with a short one go uncharged.
+mutant tls-acquire-free-not-settled server.go 'TestRecordsSentWithTheFinishedAreCharged' . \
+  'm.free -= MaxNameLen - len(s.name)' \
+  '_ = s.name'
+# The free units left after the ACQUIRE are carried into run.
+mutant tls-free-carried-into-run server.go 'TestFloodPauseOverTLS' . \
+  'm.units, m.free = m.take(), 0' \
+  'm.units = max(m.units, 0)'
+# The rate's wait is not woken by Shutdown, which waits for the session's goroutine.
+mutant rate-wait-deaf-to-shutdown server.go 'TestShutdownDoesNotWaitForTheFloodRate' . \
+  $'case <-t.C:\n\t\tcase <-done:' \
+  $'case <-t.C:\n\t\tcase <-make(chan struct{}):'
 mutant rate-no-slack server.go 'TestFloodPauseOverTLS|TestFloodPauseAfterAMultiByteRead' . \
   'floodSlack = 4 ' \
   'floodSlack = 0 '
@@ -342,12 +354,12 @@ mutant flood-pause-removed server.go 'TestFloodPauseAfterAMultiByteRead|TestFloo
   'floodPause = time.Millisecond' \
   'floodPause = 0'
 mutant flood-pause-skipped server.go 'TestFloodPauseAfterAMultiByteRead|TestHeartbeatFloodDelaysNobody' . \
-  'time.Sleep(min(wait, time.Until(deadline)))' \
-  '_ = wait'
+  'wait := min(time.Until(r.due)-floodSlack*unit, time.Until(deadline)); wait > 0 {' \
+  'wait := min(time.Until(r.due)-floodSlack*unit, time.Until(deadline)); false {'
 # run: the flood pause outlives a short lease, and with it the lock.
 mutant flood-pause-outlives-lease server.go 'TestFloodPauseEndsAtTheLease' . \
-  'time.Sleep(min(wait, time.Until(deadline)))' \
-  'time.Sleep(wait)'
+  'wait := min(time.Until(r.due)-floodSlack*unit, time.Until(deadline))' \
+  'wait := time.Until(r.due) - floodSlack*unit'
 mutant flood-pause-removed-process server.go 'TestHeartbeatFloodStarvesNobody' ./cmd/monolock \
   'floodPause = time.Millisecond' \
   'floodPause = 0'
