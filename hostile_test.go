@@ -637,9 +637,10 @@ func TestKeyUpdateFloodIsHeldToTheRate(t *testing.T) {
 // bytes sent a byte a record, 16 KeyUpdates before each, had the server
 // write 4,209 records at once before its ACQUIRED (the break-review of the
 // rate; in real time a flooder reconnecting took 0.6 of a core). Now the
-// server writes about 1,000 a second, beside the handshake's and the
-// ACQUIRE's free units, 32 and 263 (the ACQUIRE, 263 reads of 17 records,
-// takes about 4.2 s of its io-timeout's 5). Fake time.
+// server writes about 1,000 a second, beside the handshake's 32 free
+// units (the ACQUIRE, 263 reads of 16 KeyUpdates and the record of a byte,
+// which is free as the byte is over TCP, takes about 4.2 s of its
+// io-timeout's 5). Fake time.
 func TestKeyUpdatesInsideTheAcquireAreHeldToTheRate(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		srv := &Server{}
@@ -664,8 +665,8 @@ func TestKeyUpdatesInsideTheAcquireAreHeldToTheRate(t *testing.T) {
 		}()
 		for i := 1; i <= 3; i++ {
 			time.Sleep(time.Second)
-			if n := written.Load(); n > int64(i)*1100+handshakeUnits+8+MaxNameLen {
-				t.Errorf("%d records written in the first %ds of an ACQUIRE sent a byte a record after 16 KeyUpdates each; want 1,100 a second at most, and the 295 free", n, i)
+			if n := written.Load(); n > int64(i)*1100+handshakeUnits {
+				t.Errorf("%d records written in the first %ds of an ACQUIRE sent a byte a record after 16 KeyUpdates each; want 1,100 a second at most, and the 32 free", n, i)
 			}
 		}
 		err := <-ended
@@ -676,6 +677,51 @@ func TestKeyUpdatesInsideTheAcquireAreHeldToTheRate(t *testing.T) {
 			t.Errorf("the ACQUIRE held to the rate: %v, %d acquires; want it read whole within its io-timeout, and joined", err, srv.Stats().Acquires)
 		}
 	})
+}
+
+// What a connection has the server read and answer for free is the same
+// whatever its ACQUIRE: the handshake's 32 units and the record of each
+// read of the ACQUIRE. An ACQUIRE sent a byte a record with 16 KeyUpdates
+// before each had the server answer 145 at once with a name of one byte
+// and a lease of 0 (refused: never paid), and up to 290 with a longer
+// name, when the longest ACQUIRE's 263 units were free until its length
+// was known (the break-review of that change). Fake time: at once is at
+// the instant the records are sent.
+func TestAConnectionsFreeRecordsDoNotGrowWithItsAcquire(t *testing.T) {
+	for _, name := range []string{"x", strings.Repeat("n", MaxNameLen)} {
+		for _, valid := range []bool{false, true} {
+			t.Run(fmt.Sprintf("name %d/valid %v", len(name), valid), func(t *testing.T) {
+				synctest.Test(t, func(t *testing.T) {
+					srv := &Server{}
+					l := servePipe(t, srv)
+					defer time.Sleep(time.Minute) // the rate's sleep, and the session's end, run out
+					defer srv.Close()
+					raw, server := net.Pipe()
+					l.acceptTLS(t, server)
+					_, s := handshakeTLS13(t, raw)
+					var written atomic.Int64
+					go countRecords(raw, &written)
+					synctest.Wait()
+					before := written.Load() // the session ticket
+					acq, _ := acquire(name, time.Minute).AppendBinary(nil)
+					if !valid {
+						copy(acq[2:6], []byte{0, 0, 0, 0}) // a lease of 0
+					}
+					go func() {
+						for _, b := range append(acq, bytes.Repeat([]byte{TypeHeartbeat}, 100)...) {
+							if _, err := raw.Write(append(s.keyUpdates(16), s.record(23, []byte{b})...)); err != nil {
+								return
+							}
+						}
+					}()
+					synctest.Wait()
+					if n := written.Load() - before; n > handshakeUnits+17 {
+						t.Errorf("an ACQUIRE of %d bytes sent a byte a record after 16 KeyUpdates each: %d records answered at once; want the handshake's 32 free, and a read's 17 at most", len(acq), n)
+					}
+				})
+			})
+		}
+	}
 }
 
 // The rate's wait for the rest of an ACQUIRE ends with its io-timeout: the
@@ -710,9 +756,10 @@ func TestKeyUpdatesInsideTheAcquireMeetTheIOTimeout(t *testing.T) {
 // as far as a ClientHello padded to 15 KB had grown its buffer, took in
 // 800 one-byte HEARTBEAT records uncharged, all answered at once (the
 // break-review of NewTLSListener). Only a handshake's own 32 units, and
-// one a byte of the ACQUIRE, are free: an ACQUIRE and 1,000 HEARTBEAT
-// records sent with the Finished are answered at the rate, about a
-// millisecond each but for those, whatever the ACQUIRE's length. (Reading
+// the record of each read of the ACQUIRE, are free: an ACQUIRE and 1,000
+// HEARTBEAT records sent with the Finished are answered at the rate, about
+// a millisecond each but for those, whatever the ACQUIRE's length (free a
+// unit a byte instead, 254 more went free with the longest name). (Reading
 // no further than the record at hand during the handshake, tried first,
 // left the client's first records unread when the handshake failed, and
 // the close became a reset that lost the alert: TestRunOverTLS.)
@@ -748,8 +795,8 @@ func TestRecordsSentWithTheFinishedAreCharged(t *testing.T) {
 						atOnce++
 					}
 				}
-				free := handshakeUnits + len(b)
-				if atOnce > 55 || last < time.Duration(n-free-50)*time.Millisecond {
+				free := handshakeUnits + 2 // and the ACQUIRE's reads: its first, and one for the rest
+				if atOnce > 55 || last < time.Duration(n-free-10)*time.Millisecond {
 					t.Errorf("%d HEARTBEATs sent with the Finished answered at once, the last after %v; want 55 at most at once, the 1,000 but %d free at about a millisecond each", atOnce, last, free)
 				}
 			})
@@ -967,13 +1014,24 @@ func TestAcquireARecordAByteIsAnsweredAtOnce(t *testing.T) {
 									return
 								}
 							}
-							bc.flush()
+							if how == "tls, together" {
+								bc.flush()
+							}
 						}()
 						c.SetReadDeadline(time.Now().Add(time.Minute))
 						f, err := ReadFrame(c)
 						if d := time.Since(start); err != nil || f.Type != TypeAcquired || d > 0 {
-							t.Errorf("an ACQUIRE of %d bytes, a byte a record (%s), io-timeout %v: %+v, %v after %v; want ACQUIRED at once",
+							t.Fatalf("an ACQUIRE of %d bytes, a byte a record (%s), io-timeout %v: %+v, %v after %v; want ACQUIRED at once",
 								len(b), how, srv.ioTimeout(), f, err, d)
+						}
+						// The ACQUIRE's io-timeout and its pacing end with it.
+						for i := range 2 {
+							time.Sleep(2 * srv.ioTimeout())
+							start = time.Now()
+							c.Write([]byte{TypeHeartbeat})
+							if f, err := ReadFrame(c); err != nil || f.Type != TypeAcquired || time.Since(start) > 0 {
+								t.Fatalf("HEARTBEAT %d, two io-timeouts after the last answer (%s): %+v, %v after %v; want ACQUIRED at once", i+1, how, f, err, time.Since(start))
+							}
 						}
 					})
 				})

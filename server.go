@@ -375,11 +375,12 @@ func newRecordConn(c net.Conn) *recordConn { return &recordConn{Conn: c} }
 // session's, through crypto/tls).
 type recordConn struct {
 	net.Conn
-	rate             // of the rest of the ACQUIRE's reads
-	readBy time.Time // the rest of the ACQUIRE's deadline
-	units  int       // since the last take
-	free   int       // units not charged: see handshakeUnits; below 0, owed
-	header int       // bytes of the next record's header read so far
+	rate                   // of the rest of the ACQUIRE's reads
+	readBy time.Time       // the rest of the ACQUIRE's deadline, while it is read
+	done   <-chan struct{} // Shutdown's start, likewise
+	units  int             // since the last take
+	free   int             // units not charged; below 0, owed
+	header int             // bytes of the next record's header read so far
 	length [2]byte
 	body   int // bytes of the current record still to come
 }
@@ -391,15 +392,24 @@ type recordConn struct {
 const maxUnitsARead = 1 << 10
 
 // handshakeUnits are the units of a TLS handshake not charged to the rate,
-// with a KiB for each of the client's certificate chain; then the ACQUIRE's
-// own are free too, a record a byte at most, as its bytes are over TCP
-// (before its length is known, the longest's): whatever records come with
-// the Finished or the ACQUIRE, only so many.
+// with a KiB for each of the client's certificate chain, whatever records
+// used them (those sent with the Finished too). Then each read of the
+// ACQUIRE that returns bytes frees a unit: the record that brought them.
 const handshakeUnits = 32
 
 var errTooManyRecords = errors.New("more than 1024 TLS records, or KiB, in one read")
 
 func (c *recordConn) Read(b []byte) (int, error) {
+	// crypto/tls reads from the network only once it has handled every
+	// whole record it took in: for the rest of an ACQUIRE, the records it
+	// did not return (a KeyUpdate, an empty record) are paced here, not
+	// those an honest client's bytes came in, one by one or together.
+	if !c.readBy.IsZero() {
+		c.pace(time.Duration(c.take())*floodPause, floodPause, c.readBy, time.Now(), c.done)
+		if !time.Now().Before(c.readBy) {
+			return 0, os.ErrDeadlineExceeded
+		}
+	}
 	n, err := c.Conn.Read(b)
 	for p := b[:n]; len(p) > 0; {
 		if c.body > 0 {
@@ -489,7 +499,7 @@ func (s *session) handshake() error {
 		for _, c := range cs.PeerCertificates {
 			chain += len(c.Raw)
 		}
-		m.free = handshakeUnits + chain>>10 + 8 + MaxNameLen
+		m.free = handshakeUnits + chain>>10
 	}
 	return nil
 }
@@ -503,6 +513,9 @@ func (s *session) acquire() (time.Time, error) {
 	n, err := s.conn.Read(s.rbuf[:])
 	if n == 0 {
 		return time.Time{}, cmp.Or(err, io.EOF)
+	}
+	if m := s.meter(); m != nil {
+		m.free++ // the record these bytes came in
 	}
 	s.r, s.w = 1, uint8(n)
 	if typ := s.rbuf[0]; typ == TypeHeartbeat {
@@ -550,7 +563,8 @@ func (s *session) acquire() (time.Time, error) {
 // Read is io.Reader through rbuf for the rest of the ACQUIRE, which gets
 // a fresh io-timeout once it needs more than the first read. Over a
 // NewTLSListener's connection its records are paced as run's, a unit of
-// floodPause (the lease is not known yet), within that io-timeout.
+// floodPause (the lease is not known yet), within that io-timeout, but
+// for the record each read's bytes came in (recordConn.Read).
 func (s *session) Read(p []byte) (int, error) {
 	if s.r == s.w {
 		m := s.meter()
@@ -559,16 +573,14 @@ func (s *session) Read(p []byte) (int, error) {
 			by := time.Now().Add(s.srv.ioTimeout())
 			s.conn.SetDeadline(by)
 			if m != nil {
-				m.readBy = by
+				m.readBy, m.done = by, s.srv.done
 			}
 		}
-		if m != nil { // for its reads so far, until the io-timeout at most
-			m.pace(time.Duration(m.take())*floodPause, floodPause, m.readBy, time.Now(), s.srv.done)
-			if !time.Now().Before(m.readBy) {
-				return 0, os.ErrDeadlineExceeded
-			}
+		n, err := s.conn.Read(p)
+		if m != nil && n > 0 {
+			m.free++
 		}
-		return s.conn.Read(p)
+		return n, err
 	}
 	n := copy(p, s.rbuf[s.r:s.w])
 	s.r += uint8(n)
@@ -588,12 +600,11 @@ func (s *session) run(deadline time.Time) {
 	srv := s.srv
 	unit := min(floodPause, s.lease/4)
 	// A fresh account at the lease's unit: the rest of the ACQUIRE was
-	// paced before each of its reads. The free units are settled: those of
-	// an ACQUIRE longer than this one are owed, those left are not carried.
+	// paced as it was read. Free units left are not carried; owed, they are.
 	var rate rate
 	m := s.meter()
 	if m != nil {
-		m.free -= MaxNameLen - len(s.name)
+		m.readBy = time.Time{}
 		m.units, m.free = m.take(), 0
 	}
 	for {

@@ -170,44 +170,52 @@ mutant tls-record-header-4 server.go 'TestKeyUpdateFloodIsHeldToTheRate|TestFloo
   'c.header == 4 {'
 # Every unit read during the handshake is free: records sent with the client's Finished go uncharged.
 mutant tls-handshake-all-free server.go 'TestRecordsSentWithTheFinishedAreCharged' . \
-  'm.free = handshakeUnits + chain>>10 + 8 + MaxNameLen' \
-  'm.units, m.free = 0, 8+MaxNameLen'
+  'm.free = handshakeUnits + chain>>10' \
+  'm.units = 0'
 # Records read together cost more than apart (a millisecond past a read's first): honest short leases end.
 mutant tls-extra-records-at-a-millisecond server.go 'TestTLSRecordsReadTogetherCostWhatTheyWouldApart' . \
   'cost = time.Duration(n-1+m.take()) * unit' \
   'k := m.take(); cost = time.Duration(n-1+min(k, 1))*unit + time.Duration(max(k-1, 0))*floodPause'
 # The client's certificate chain is charged: an honest client with a large one loses a short lease.
 mutant tls-client-chain-charged server.go 'TestLargeClientChainCostsAnHonestClientNothing' . \
-  'm.free = handshakeUnits + chain>>10 + 8 + MaxNameLen' \
-  'm.free = handshakeUnits + chain>>20 + 8 + MaxNameLen'
+  'm.free = handshakeUnits + chain>>10' \
+  'm.free = handshakeUnits + chain>>20'
 # No bound on the records one read takes in.
 mutant tls-records-a-read-unbounded server.go 'TestOneReadOfManyRecordsEndsTheSession' . \
   'if c.units > maxUnitsARead {' \
   'if false {'
 # The rest of an ACQUIRE is read with no rate.
 mutant tls-acquire-unpaced server.go 'TestKeyUpdatesInsideTheAcquireAreHeldToTheRate' . \
-  'm.pace(time.Duration(m.take())*floodPause, floodPause, m.readBy, time.Now(), s.srv.done)' \
-  '_ = m.readBy'
+  'c.pace(time.Duration(c.take())*floodPause, floodPause, c.readBy, time.Now(), c.done)' \
+  '_ = c.readBy'
 # The handshake's records are charged to the first heartbeats.
 mutant tls-handshake-charged server.go 'TestFloodPauseOverTLS|TestShortLeaseHoldsOverTLS' . \
-  'm.free = handshakeUnits + chain>>10 + 8 + MaxNameLen' \
+  'm.free = handshakeUnits + chain>>10' \
   'm.free = 0'
 # The rate's wait for the rest of an ACQUIRE outlasts its io-timeout.
 mutant tls-acquire-wait-past-io-timeout server.go 'TestKeyUpdatesInsideTheAcquireMeetTheIOTimeout' . \
-  'm.readBy = by' \
-  'm.readBy = by.Add(time.Hour)'
-# An ACQUIRE's own records are charged: one sent a byte a record waits, or meets its io-timeout.
+  'm.readBy, m.done = by, s.srv.done' \
+  'm.readBy, m.done = by.Add(time.Hour), s.srv.done'
+# The records the ACQUIRE's bytes came in are charged: one sent a byte a record waits, or meets its io-timeout.
 mutant tls-acquire-records-charged server.go 'TestAcquireARecordAByteIsAnsweredAtOnce' . \
-  'm.free = handshakeUnits + chain>>10 + 8 + MaxNameLen' \
-  'm.free = handshakeUnits + chain>>10'
-# The longest ACQUIRE's records are free whatever this one's length: records sent with a short one go uncharged.
-mutant tls-acquire-free-not-settled server.go 'TestRecordsSentWithTheFinishedAreCharged' . \
-  'm.free -= MaxNameLen - len(s.name)' \
-  '_ = s.name'
+  $'\t\tif m != nil && n > 0 {\n\t\t\tm.free++' \
+  $'\t\tif m != nil && n < 0 {\n\t\t\tm.free++'
+# The rest of the ACQUIRE is charged before each read of session.Read, records read ahead before their bytes are returned.
+mutant tls-acquire-charged-before-its-reads server.go 'TestAcquireARecordAByteIsAnsweredAtOnce' . \
+  $'\t\tn, err := s.conn.Read(p)\n\t\tif m != nil && n > 0 {' \
+  $'\t\tif m != nil && !m.readBy.IsZero() {\n\t\t\tm.pace(time.Duration(m.take())*floodPause, floodPause, m.readBy, time.Now(), m.done)\n\t\t}\n\t\tn, err := s.conn.Read(p)\n\t\tif m != nil && n > 0 {'
+# A unit free for each byte of the ACQUIRE, not each read: a record of many bytes frees as many KeyUpdates.
+mutant tls-acquire-free-a-byte server.go 'TestRecordsSentWithTheFinishedAreCharged' . \
+  $'\t\tif m != nil && n > 0 {\n\t\t\tm.free++' \
+  $'\t\tif m != nil && n > 0 {\n\t\t\tm.free += n'
+# The rest of the ACQUIRE's pacing goes on in run, at a millisecond whatever the lease.
+mutant tls-acquire-pacing-left-on server.go 'TestAcquireARecordAByteIsAnsweredAtOnce' . \
+  $'\t\tm.readBy = time.Time{}\n' \
+  ''
 # The free units left after the ACQUIRE are carried into run.
 mutant tls-free-carried-into-run server.go 'TestFloodPauseOverTLS' . \
   'm.units, m.free = m.take(), 0' \
-  'm.units = max(m.units, 0)'
+  '_ = m.units'
 # The rate's wait is not woken by Shutdown, which waits for the session's goroutine.
 mutant rate-wait-deaf-to-shutdown server.go 'TestShutdownDoesNotWaitForTheFloodRate' . \
   $'case <-t.C:\n\t\tcase <-done:' \

@@ -5,7 +5,11 @@
 // writes, in one write, -keyupdates KeyUpdate records (update_requested)
 // then a record with one HEARTBEAT, as fast as the server takes them,
 // discarding what comes back. -keyupdates 0 is the plain heartbeat flood
-// over TLS, for comparison.
+// over TLS, for comparison. With -reconnect each flooder instead connects,
+// sends -keyupdates KeyUpdates with an ACQUIRE of the longest name in one
+// write (16, then a byte of it), reads its ACQUIRED, closes and connects
+// again: what the records free with a connection's handshake and ACQUIRE
+// cost the server.
 //
 //	go build -o /tmp/monolock ./cmd/monolock   (in the repository)
 //	go run ./testdata/keyupdate-flood -bin /tmp/monolock -n 10 -d 5s
@@ -132,16 +136,18 @@ type counter struct{}
 
 func (counter) Write(b []byte) (int, error) { received.Add(int64(len(b))); return len(b), nil }
 
-func flood(addr string, i int, keyUpdates int, leaseMS uint32, stop <-chan struct{}, batches *atomic.Int64) error {
+// dial connects over TLS 1.3 and returns the client, its raw connection
+// and a sender of records under the client's traffic secret.
+func dial(addr string) (*tls.Conn, net.Conn, *sender, error) {
 	raw, err := net.Dial("tcp", addr)
 	if err != nil {
-		return err
+		return nil, nil, nil, err
 	}
-	defer raw.Close()
 	var keylog bytes.Buffer
 	c := tls.Client(raw, &tls.Config{InsecureSkipVerify: true, MinVersion: tls.VersionTLS13, KeyLogWriter: &keylog})
 	if err := c.Handshake(); err != nil {
-		return err
+		raw.Close()
+		return nil, nil, nil, err
 	}
 	s := &sender{newHash: sha256.New, keyLen: 16}
 	switch c.ConnectionState().CipherSuite {
@@ -149,7 +155,8 @@ func flood(addr string, i int, keyUpdates int, leaseMS uint32, stop <-chan struc
 	case tls.TLS_AES_256_GCM_SHA384:
 		s = &sender{newHash: sha512.New384, keyLen: 32}
 	default:
-		return fmt.Errorf("suite %x", c.ConnectionState().CipherSuite)
+		raw.Close()
+		return nil, nil, nil, fmt.Errorf("suite %x", c.ConnectionState().CipherSuite)
 	}
 	var secret []byte
 	for line := range strings.Lines(keylog.String()) {
@@ -158,6 +165,61 @@ func flood(addr string, i int, keyUpdates int, leaseMS uint32, stop <-chan struc
 		}
 	}
 	s.setSecret(secret)
+	return c, raw, s, nil
+}
+
+// reconnect is the -reconnect flooder; batches counts its connections.
+func reconnect(addr string, i int, keyUpdates int, stop <-chan struct{}, batches *atomic.Int64) error {
+	for k := 0; ; k++ {
+		name := fmt.Sprintf("flood%d-%d-", i, k) // the last one's close may not be read yet
+		name += strings.Repeat("n", 255-len(name))
+		select {
+		case <-stop:
+			return nil
+		default:
+		}
+		c, raw, s, err := dial(addr)
+		if err != nil {
+			return err
+		}
+		// crypto/tls takes 16 KeyUpdates at most before a record of data:
+		// a byte of the ACQUIRE after each 16.
+		var batch []byte
+		acq := acquire(name, 60000)
+		for k := 0; k < keyUpdates; k++ {
+			batch = append(batch, s.record(22, []byte{24, 0, 0, 1, 1})...)
+			s.updateKeys()
+			if k%16 == 15 {
+				batch, acq = append(batch, s.record(23, acq[:1])...), acq[1:]
+			}
+		}
+		batch = append(batch, s.record(23, acq)...)
+		// Then EOF: the server reads it all, answers, and closes. (crypto/tls
+		// would not read the answers: 16 KeyUpdates in a row at most.)
+		raw.SetDeadline(time.Now().Add(30 * time.Second))
+		if _, err = raw.Write(batch); err == nil {
+			raw.(*net.TCPConn).CloseWrite()
+			var n int64
+			n, err = io.Copy(counter{}, raw)
+			if err == nil && n < int64(keyUpdates)*22 {
+				err = fmt.Errorf("%d bytes back for %d KeyUpdates", n, keyUpdates)
+			}
+		}
+		raw.Close()
+		_ = c
+		if err != nil {
+			return err
+		}
+		batches.Add(1)
+	}
+}
+
+func flood(addr string, i int, keyUpdates int, leaseMS uint32, stop <-chan struct{}, batches *atomic.Int64) error {
+	_, raw, s, err := dial(addr)
+	if err != nil {
+		return err
+	}
+	defer raw.Close()
 	go io.Copy(counter{}, raw)
 	if _, err := raw.Write(s.record(23, acquire(fmt.Sprint("flood", i), leaseMS))); err != nil {
 		return err
@@ -229,6 +291,7 @@ func main() {
 	leaseMS := flag.Uint("lease", 60000, "the flooders' lease, ms")
 	d := flag.Duration("d", 10*time.Second, "each phase")
 	warm := flag.Duration("warm", 5*time.Second, "flooding before the flooded phase's measures")
+	reconnecting := flag.Bool("reconnect", false, "a connection each batch, its KeyUpdates sent with its ACQUIRE")
 	flag.Parse()
 	dir, _ := os.MkdirTemp("", "ku")
 	defer os.RemoveAll(dir)
@@ -259,7 +322,11 @@ func main() {
 	var failed atomic.Int64
 	for i := range *n {
 		wg.Go(func() {
-			if err := flood(addr, i, *keyUpdates, uint32(*leaseMS), stopFlood, &batches); err != nil {
+			f := func() error { return flood(addr, i, *keyUpdates, uint32(*leaseMS), stopFlood, &batches) }
+			if *reconnecting {
+				f = func() error { return reconnect(addr, i, *keyUpdates, stopFlood, &batches) }
+			}
+			if err := f(); err != nil {
 				if failed.Add(1) <= 3 {
 					fmt.Println("flooder:", err)
 				}
@@ -274,7 +341,11 @@ func main() {
 	el := time.Since(t0)
 	srvCPU, atkCPU, nb, recv := cpuOf(srv.Process.Pid)-srvCPU0, selfCPU()-selfCPU0, batches.Load()-batches0, received.Load()-recv0
 	close(stopFlood)
-	fmt.Printf("flooders %d, %d KeyUpdates a HEARTBEAT record, lease %dms, %v a phase; %d flooders failed\n", *n, *keyUpdates, *leaseMS, *d, failed.Load())
+	what := fmt.Sprintf("%d KeyUpdates a HEARTBEAT record, lease %dms", *keyUpdates, *leaseMS)
+	if *reconnecting {
+		what = fmt.Sprintf("reconnecting, %d KeyUpdates with each ACQUIRE (a batch: a connection)", *keyUpdates)
+	}
+	fmt.Printf("flooders %d, %s, %v a phase; %d flooders failed\n", *n, what, *d, failed.Load())
 	fmt.Printf("probe (TLS dial+ACQUIRE+ACQUIRED) without flood: %d probes, p50 %v, p99 %v\n", len(base), pct(base, .5).Round(10*time.Microsecond), pct(base, .99).Round(10*time.Microsecond))
 	fmt.Printf("probe with flood:                                %d probes, p50 %v, p99 %v\n", len(flooded), pct(flooded, .5).Round(10*time.Microsecond), pct(flooded, .99).Round(10*time.Microsecond))
 	fmt.Printf("during the flood (%v): batches written into the socket %.0f/s, server wrote %.0f KiB/s to the flooders, server CPU %v (%.2f cores), attacker+prober CPU %v (%.2f cores)\n",
