@@ -690,33 +690,194 @@ func TestKeyUpdatesInsideTheAcquireAreHeldToTheRate(t *testing.T) {
 func TestAConnectionsFreeRecordsDoNotGrowWithItsAcquire(t *testing.T) {
 	for _, name := range []string{"x", strings.Repeat("n", MaxNameLen)} {
 		for _, valid := range []bool{false, true} {
-			t.Run(fmt.Sprintf("name %d/valid %v", len(name), valid), func(t *testing.T) {
+			for _, chunk := range []int{1, 16} { // bytes a record
+				t.Run(fmt.Sprintf("name %d/valid %v/%d bytes a record", len(name), valid, chunk), func(t *testing.T) {
+					synctest.Test(t, func(t *testing.T) {
+						srv := &Server{}
+						l := servePipe(t, srv)
+						defer time.Sleep(time.Minute) // the rate's sleep, and the session's end, run out
+						defer srv.Close()
+						raw, server := net.Pipe()
+						l.acceptTLS(t, server)
+						_, s := handshakeTLS13(t, raw)
+						var written atomic.Int64
+						go countRecords(raw, &written)
+						synctest.Wait()
+						before := written.Load() // the session ticket
+						acq, _ := acquire(name, time.Minute).AppendBinary(nil)
+						if !valid {
+							copy(acq[2:6], []byte{0, 0, 0, 0}) // a lease of 0
+						}
+						go func() {
+							for b := append(acq, bytes.Repeat([]byte{TypeHeartbeat}, 100)...); len(b) > 0; b = b[min(chunk, len(b)):] {
+								if _, err := raw.Write(append(s.keyUpdates(16), s.record(23, b[:min(chunk, len(b))])...)); err != nil {
+									return
+								}
+							}
+						}()
+						synctest.Wait()
+						if n := written.Load() - before; n > handshakeUnits+17 {
+							t.Errorf("an ACQUIRE of %d bytes sent %d bytes a record after 16 KeyUpdates each: %d records answered at once; want the handshake's 32 free, and a read's 17 at most", len(acq), chunk, n)
+						}
+					})
+				})
+			}
+		}
+	}
+}
+
+// KeyUpdates sent with an ACQUIRE a byte a record, 16 before each byte, in
+// one write, are paced however many crypto/tls takes in at once. Paced
+// only before a read from the network, those one read took in (its
+// buffer grown by a ClientHello of 15 KB, or a record padded to 16 KiB)
+// were all answered first: 646 at once, and with a lease of 0 never
+// charged (the break-review of c624088). Reads from the network under
+// crypto/tls now take 512 bytes at most. Fake time.
+func TestKeyUpdatesReadAheadInTheAcquireArePaced(t *testing.T) {
+	for _, c := range []struct {
+		how   string
+		alpn  int
+		valid bool
+	}{{"finished", 58, false}, {"finished", 58, true}, {"after", 58, false}, {"after, padded record grows the buffer", 0, false}, {"after", 0, false}} {
+		t.Run(fmt.Sprintf("%s/alpn %d/valid %v", c.how, c.alpn, c.valid), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				srv := &Server{}
+				l := servePipe(t, srv)
+				defer time.Sleep(time.Minute) // the rate's sleep, and the session's end, run out
+				defer srv.Close()
+				raw, server := net.Pipe()
+				l.acceptTLS(t, server)
+				_, s, hc := handshakeHeld(t, raw, c.alpn)
+				var written atomic.Int64
+				go countRecords(raw, &written)
+				acq, _ := acquire(strings.Repeat("n", MaxNameLen), time.Minute).AppendBinary(nil)
+				if !c.valid {
+					copy(acq[2:6], []byte{0, 0, 0, 0}) // a lease of 0: refused at its end
+				}
+				var batch []byte
+				kus := 0
+				for i, b := range acq {
+					if i == 0 && strings.Contains(c.how, "padded") {
+						// the ACQUIRE's first byte in a record padded to 16 KiB:
+						// crypto/tls grows its read buffer to fit it (17 units, under the 32 free)
+						batch = append(batch, s.sealPadded(23, []byte{b}, 1<<14)...)
+						continue
+					}
+					batch = append(batch, s.keyUpdates(16)...)
+					kus += 16
+					batch = append(batch, s.record(23, []byte{b})...)
+				}
+				if c.how == "finished" {
+					go hc.flush(batch)
+				} else {
+					hc.flush(nil)
+					synctest.Wait()
+					go raw.Write(batch)
+				}
+				synctest.Wait()
+				if n0 := written.Load(); n0 > handshakeUnits+2+17+5 {
+					t.Errorf("%d KeyUpdates sent with an ACQUIRE of %d bytes (%s): %d records answered at once (the session ticket included); want the handshake's 32 free, a unit a read of the ACQUIRE that returned bytes, and a read's 17",
+						kus, len(acq), c.how, n0)
+				}
+			})
+		})
+	}
+}
+
+// The same with an ordinary ClientHello, the ACQUIRE's first byte in a
+// record padded to 16 KiB (17 units, under the handshake's 32 free, which
+// grows crypto/tls's buffer) and a lease of 0: what the refused session
+// had answered by its end is what the time it lasted paid for, a
+// millisecond each, but the free (the same review: 369 more). Fake time.
+func TestKeyUpdatesBehindAPaddedRecordArePaidFor(t *testing.T) {
+	for _, nameLen := range []int{1, 20, 40, 60} {
+		t.Run(fmt.Sprintf("name %d", nameLen), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				srv := &Server{}
+				l := servePipe(t, srv)
+				defer time.Sleep(time.Minute) // the rate's sleep, and the session's end, run out
+				defer srv.Close()
+				raw, server := net.Pipe()
+				l.acceptTLS(t, server)
+				_, s := handshakeTLS13(t, raw)
+				var written atomic.Int64
+				go countRecords(raw, &written)
+				synctest.Wait()
+				before := written.Load() // the session ticket(s)
+				acq, _ := acquire(strings.Repeat("n", nameLen), time.Minute).AppendBinary(nil)
+				copy(acq[2:6], []byte{0, 0, 0, 0}) // a lease of 0: refused at its end
+				batch := s.sealPadded(23, acq[:1], 1<<14)
+				for _, b := range acq[1:] {
+					batch = append(batch, s.keyUpdates(16)...)
+					batch = append(batch, s.record(23, []byte{b})...)
+				}
+				start := time.Now()
+				go raw.Write(batch)
+				for srv.Stats().Connections != 0 && time.Since(start) < 10*time.Second {
+					time.Sleep(time.Millisecond)
+				}
+				synctest.Wait()
+				ended := time.Since(start)
+				n := written.Load() - before
+				// what the time passed paid for, at a millisecond a unit, and what was free
+				if paid := int64(ended / time.Millisecond); n-paid > handshakeUnits+int64(len(acq))+17 {
+					t.Errorf("%d KeyUpdates answered by the refused session's end after %v: %d beyond what that time paid for; want the handshake's 32 free, a unit a read of the ACQUIRE, and a read's 17 at most", n, ended, n-paid)
+				}
+			})
+		})
+	}
+}
+
+// An honest client with a ClientHello of 15 KB (crypto/tls's buffer
+// grown) whose ACQUIRE of the longest name comes a byte a record, with its
+// Finished or after it, then heartbeats every lease/4 with a lease of 1 or
+// 4 ms, never waits (the break-review of c624088, which held). Fake time.
+func TestAcquireARecordAByteWithABigBufferCostsNothing(t *testing.T) {
+	for _, withFinished := range []bool{false, true} {
+		for _, lease := range []time.Duration{time.Millisecond, 4 * time.Millisecond} {
+			t.Run(fmt.Sprintf("with Finished %v/lease %v", withFinished, lease), func(t *testing.T) {
 				synctest.Test(t, func(t *testing.T) {
 					srv := &Server{}
 					l := servePipe(t, srv)
-					defer time.Sleep(time.Minute) // the rate's sleep, and the session's end, run out
+					defer time.Sleep(time.Second)
 					defer srv.Close()
 					raw, server := net.Pipe()
 					l.acceptTLS(t, server)
-					_, s := handshakeTLS13(t, raw)
-					var written atomic.Int64
-					go countRecords(raw, &written)
-					synctest.Wait()
-					before := written.Load() // the session ticket
-					acq, _ := acquire(name, time.Minute).AppendBinary(nil)
-					if !valid {
-						copy(acq[2:6], []byte{0, 0, 0, 0}) // a lease of 0
+					c, s, hc := handshakeHeld(t, raw, 58)
+					acq, _ := acquire(strings.Repeat("n", MaxNameLen), lease).AppendBinary(nil)
+					var batch []byte
+					for _, b := range acq {
+						batch = append(batch, s.record(23, []byte{b})...)
 					}
-					go func() {
-						for _, b := range append(acq, bytes.Repeat([]byte{TypeHeartbeat}, 100)...) {
-							if _, err := raw.Write(append(s.keyUpdates(16), s.record(23, []byte{b})...)); err != nil {
-								return
-							}
+					start := time.Now()
+					if withFinished {
+						go hc.flush(batch)
+					} else {
+						hc.flush(nil)
+						synctest.Wait()
+						go raw.Write(batch)
+					}
+					c.SetReadDeadline(time.Now().Add(time.Minute))
+					f, err := ReadFrame(c)
+					if err != nil || f.Type != TypeAcquired || time.Since(start) > 0 {
+						t.Fatalf("%+v %v after %v", f, err, time.Since(start))
+					}
+					sent := time.Now()
+					var maxWait time.Duration
+					for i := range 400 {
+						time.Sleep(time.Until(sent.Add(lease / 4)))
+						sent = time.Now()
+						if _, err := raw.Write(s.record(23, []byte{TypeHeartbeat})); err != nil {
+							t.Fatalf("heartbeat %d: %v", i, err)
 						}
-					}()
-					synctest.Wait()
-					if n := written.Load() - before; n > handshakeUnits+17 {
-						t.Errorf("an ACQUIRE of %d bytes sent a byte a record after 16 KeyUpdates each: %d records answered at once; want the handshake's 32 free, and a read's 17 at most", len(acq), n)
+						c.SetReadDeadline(sent.Add(lease))
+						if _, err := ReadFrame(c); err != nil {
+							t.Fatalf("heartbeat %d: lease lost: %v", i, err)
+						}
+						maxWait = max(maxWait, time.Since(sent))
+					}
+					if maxWait > 0 {
+						t.Errorf("waited up to %v", maxWait)
 					}
 				})
 			})

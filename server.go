@@ -391,6 +391,12 @@ type recordConn struct {
 // few.
 const maxUnitsARead = 1 << 10
 
+// maxReadAhead bounds a read from the network under crypto/tls, which
+// handles all it took in before it reads again, where the rest of an
+// ACQUIRE is paced: a buffer grown by a large ClientHello or record let
+// one read take in, and have answered, 650 KeyUpdates before any charge.
+const maxReadAhead = 512
+
 // handshakeUnits are the units of a TLS handshake not charged to the rate,
 // with a KiB for each of the client's certificate chain, whatever records
 // used them (those sent with the Finished too). Then each read of the
@@ -410,7 +416,7 @@ func (c *recordConn) Read(b []byte) (int, error) {
 			return 0, os.ErrDeadlineExceeded
 		}
 	}
-	n, err := c.Conn.Read(b)
+	n, err := c.Conn.Read(b[:min(len(b), maxReadAhead)])
 	for p := b[:n]; len(p) > 0; {
 		if c.body > 0 {
 			k := min(c.body, len(p))

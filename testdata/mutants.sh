@@ -200,12 +200,8 @@ mutant tls-acquire-wait-past-io-timeout server.go 'TestKeyUpdatesInsideTheAcquir
 mutant tls-acquire-records-charged server.go 'TestAcquireARecordAByteIsAnsweredAtOnce' . \
   $'\t\tif m != nil && n > 0 {\n\t\t\tm.free++' \
   $'\t\tif m != nil && n < 0 {\n\t\t\tm.free++'
-# The rest of the ACQUIRE is charged before each read of session.Read, records read ahead before their bytes are returned.
-mutant tls-acquire-charged-before-its-reads server.go 'TestAcquireARecordAByteIsAnsweredAtOnce' . \
-  $'\t\tn, err := s.conn.Read(p)\n\t\tif m != nil && n > 0 {' \
-  $'\t\tif m != nil && !m.readBy.IsZero() {\n\t\t\tm.pace(time.Duration(m.take())*floodPause, floodPause, m.readBy, time.Now(), m.done)\n\t\t}\n\t\tn, err := s.conn.Read(p)\n\t\tif m != nil && n > 0 {'
 # A unit free for each byte of the ACQUIRE, not each read: a record of many bytes frees as many KeyUpdates.
-mutant tls-acquire-free-a-byte server.go 'TestRecordsSentWithTheFinishedAreCharged' . \
+mutant tls-acquire-free-a-byte server.go 'TestAConnectionsFreeRecordsDoNotGrowWithItsAcquire' . \
   $'\t\tif m != nil && n > 0 {\n\t\t\tm.free++' \
   $'\t\tif m != nil && n > 0 {\n\t\t\tm.free += n'
 # The rest of the ACQUIRE's pacing goes on in run, at a millisecond whatever the lease.
@@ -216,6 +212,10 @@ mutant tls-acquire-pacing-left-on server.go 'TestAcquireARecordAByteIsAnsweredAt
 mutant tls-free-carried-into-run server.go 'TestFloodPauseOverTLS' . \
   'm.units, m.free = m.take(), 0' \
   '_ = m.units'
+# A read from the network under crypto/tls takes all there is: KeyUpdates read ahead in the ACQUIRE are answered before any charge.
+mutant tls-read-ahead-unbounded server.go 'TestKeyUpdatesReadAheadInTheAcquireArePaced|TestKeyUpdatesBehindAPaddedRecordArePaidFor' . \
+  'n, err := c.Conn.Read(b[:min(len(b), maxReadAhead)])' \
+  'n, err := c.Conn.Read(b)'
 # The rate's wait is not woken by Shutdown, which waits for the session's goroutine.
 mutant rate-wait-deaf-to-shutdown server.go 'TestShutdownDoesNotWaitForTheFloodRate' . \
   $'case <-t.C:\n\t\tcase <-done:' \
