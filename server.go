@@ -496,6 +496,14 @@ func (s *session) handshake() error {
 		srv.infoLimited(&srv.handshakeLog, "TLS handshake failed", "remote", s.remote, "err", err)
 	}
 	if err != nil {
+		// Take in what the client sent after the record that failed (its
+		// CertificateVerify and Finished), briefly: left unread, it makes
+		// the close a reset, which a client writing next meets instead of
+		// the alert (reads of maxReadAhead leave it there).
+		if m := s.meter(); m != nil && failed {
+			m.Conn.SetReadDeadline(time.Now().Add(time.Millisecond))
+			io.Copy(io.Discard, io.LimitReader(m.Conn, 1<<16))
+		}
 		return fmt.Errorf("TLS handshake: %w", err)
 	}
 	cs := s.tls.ConnectionState()

@@ -3,6 +3,11 @@ package monolock
 import (
 	"bytes"
 	"context"
+	"crypto"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/rsa"
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
@@ -10,6 +15,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math/big"
 	"net"
 	"net/url"
 	"reflect"
@@ -1479,4 +1485,118 @@ func TestTLS13KeyUpdateBeforeTheAcquireKeepsTheSession(t *testing.T) {
 			}
 		})
 	}
+}
+
+// A client whose certificate the server refuses (mutual TLS, real TCP)
+// gets the alert and is not retried, however long after its handshake it
+// sends its ACQUIRE: the server takes in what the client sent after the
+// record that failed before it closes. Reading the network 512 bytes at a
+// time (f831cb2), it left the client's CertificateVerify and Finished
+// unread, the close became a reset, and a client writing 1 ms or more
+// after its handshake met "connection reset by peer", which AcquireRetry
+// retried until its ctx ended: 60 of 60 (the break-review of f831cb2).
+func TestRefusedClientCertificateGetsTheAlertWhenItWritesLate(t *testing.T) {
+	serverCA := issueTestCert(t, nil, newTestKey(t, "ec"), "server CA", true, nil, 0)
+	serverLeaf := issueTestCert(t, serverCA, newTestKey(t, "ec"), "server", false, []net.IP{net.IPv4(127, 0, 0, 1)}, x509.ExtKeyUsageServerAuth)
+	clientCA := issueTestCert(t, nil, newTestKey(t, "ec"), "client CA", true, nil, 0)
+	otherCA := issueTestCert(t, nil, newTestKey(t, "ec"), "other CA", true, nil, 0)
+	cfg := &tls.Config{
+		Certificates: []tls.Certificate{{Certificate: [][]byte{serverLeaf.cert.Raw}, PrivateKey: serverLeaf.key, Leaf: serverLeaf.cert}},
+		ClientAuth:   tls.RequireAndVerifyClientCert,
+		ClientCAs:    x509.NewCertPool(),
+	}
+	cfg.ClientCAs.AddCert(clientCA.cert)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := serveOn(t, &Server{}, NewTLSListener(l, cfg))
+	for _, key := range []string{"ec", "rsa4096"} {
+		leaf := issueTestCert(t, otherCA, newTestKey(t, key), "refused", false, nil, x509.ExtKeyUsageClientAuth)
+		cc := &tls.Certificate{Certificate: [][]byte{leaf.cert.Raw}, PrivateKey: leaf.key}
+		for _, delay := range []time.Duration{0, time.Millisecond, 20 * time.Millisecond} {
+			t.Run(fmt.Sprintf("%s/delay %v", key, delay), func(t *testing.T) {
+				// Sent even though the server names another CA: Go's client
+				// would otherwise send none.
+				ccfg := &tls.Config{RootCAs: x509.NewCertPool(),
+					GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return cc, nil }}
+				ccfg.RootCAs.AddCert(serverCA.cert)
+				for range 5 {
+					retries := 0
+					client := New(Config{Address: addr, Dialer: slowTLSDialer{&tls.Dialer{Config: ccfg}, delay},
+						OnRetry: func(int, error, time.Duration) { retries++ }})
+					ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+					lk, err := client.AcquireRetry(ctx, "x", time.Second)
+					cancel()
+					if lk != nil {
+						lk.Release()
+						t.Fatal("acquired with a refused certificate")
+					}
+					if retries > 0 || err == nil || !strings.Contains(err.Error(), "remote error: tls:") {
+						t.Fatalf("AcquireRetry = %v after %d retries; want the alert at once", err, retries)
+					}
+				}
+			})
+		}
+	}
+}
+
+type testCert struct {
+	cert *x509.Certificate
+	key  crypto.Signer
+}
+
+func newTestKey(t *testing.T, kind string) crypto.Signer {
+	t.Helper()
+	if kind == "rsa4096" {
+		k, err := rsa.GenerateKey(rand.Reader, 4096)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return k
+	}
+	k, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	return k
+}
+
+var testSerial atomic.Int64
+
+// issueTestCert issues a certificate for key, signed by parent (nil: itself).
+func issueTestCert(t *testing.T, parent *testCert, key crypto.Signer, cn string, isCA bool, ips []net.IP, eku x509.ExtKeyUsage) *testCert {
+	t.Helper()
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(100 + testSerial.Add(1)), Subject: pkix.Name{CommonName: cn},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		IPAddresses: ips,
+	}
+	if isCA {
+		tmpl.IsCA, tmpl.BasicConstraintsValid = true, true
+		tmpl.KeyUsage = x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature
+	} else {
+		tmpl.KeyUsage = x509.KeyUsageDigitalSignature | x509.KeyUsageKeyEncipherment
+		tmpl.ExtKeyUsage = []x509.ExtKeyUsage{eku}
+	}
+	pc, pk := tmpl, key
+	if parent != nil {
+		pc, pk = parent.cert, parent.key
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, pc, key.Public(), pk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, _ := x509.ParseCertificate(der)
+	return &testCert{c, key}
+}
+
+// slowTLSDialer waits delay after its handshake: what a client does before
+// its ACQUIRE, or the network's delay.
+type slowTLSDialer struct {
+	d     *tls.Dialer
+	delay time.Duration
+}
+
+func (d slowTLSDialer) DialContext(ctx context.Context, network, addr string) (net.Conn, error) {
+	c, err := d.d.DialContext(ctx, network, addr)
+	time.Sleep(d.delay)
+	return c, err
 }
