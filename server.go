@@ -497,11 +497,12 @@ func (s *session) handshake() error {
 	}
 	if err != nil {
 		// Take in what the client sent after the record that failed (its
-		// CertificateVerify and Finished), briefly: left unread, it makes
+		// CertificateVerify and Finished, which may come a round trip
+		// later), until it closes, 50 ms or 64 KiB: left unread, it makes
 		// the close a reset, which a client writing next meets instead of
 		// the alert (reads of maxReadAhead leave it there).
 		if m := s.meter(); m != nil && failed {
-			m.Conn.SetReadDeadline(time.Now().Add(time.Millisecond))
+			m.Conn.SetReadDeadline(time.Now().Add(min(50*time.Millisecond, srv.ioTimeout())))
 			io.Copy(io.Discard, io.LimitReader(m.Conn, 1<<16))
 		}
 		return fmt.Errorf("TLS handshake: %w", err)

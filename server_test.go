@@ -11,6 +11,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -1494,7 +1495,10 @@ func TestTLS13KeyUpdateBeforeTheAcquireKeepsTheSession(t *testing.T) {
 // time (f831cb2), it left the client's CertificateVerify and Finished
 // unread, the close became a reset, and a client writing 1 ms or more
 // after its handshake met "connection reset by peer", which AcquireRetry
-// retried until its ctx ended: 60 of 60 (the break-review of f831cb2).
+// retried until its ctx ended: 60 of 60 (the break-review of f831cb2);
+// taking in 1 ms's worth, it missed a flight whose CertificateVerify and
+// Finished came 2 ms or more after its Certificate (20 of 20: the review
+// of that fix). gap splits the client's flight so.
 func TestRefusedClientCertificateGetsTheAlertWhenItWritesLate(t *testing.T) {
 	serverCA := issueTestCert(t, nil, newTestKey(t, "ec"), "server CA", true, nil, 0)
 	serverLeaf := issueTestCert(t, serverCA, newTestKey(t, "ec"), "server", false, []net.IP{net.IPv4(127, 0, 0, 1)}, x509.ExtKeyUsageServerAuth)
@@ -1514,8 +1518,9 @@ func TestRefusedClientCertificateGetsTheAlertWhenItWritesLate(t *testing.T) {
 	for _, key := range []string{"ec", "rsa4096"} {
 		leaf := issueTestCert(t, otherCA, newTestKey(t, key), "refused", false, nil, x509.ExtKeyUsageClientAuth)
 		cc := &tls.Certificate{Certificate: [][]byte{leaf.cert.Raw}, PrivateKey: leaf.key}
-		for _, delay := range []time.Duration{0, time.Millisecond, 20 * time.Millisecond} {
-			t.Run(fmt.Sprintf("%s/delay %v", key, delay), func(t *testing.T) {
+		for _, c := range []struct{ delay, gap time.Duration }{{0, 0}, {time.Millisecond, 0}, {20 * time.Millisecond, 0}, {20 * time.Millisecond, 10 * time.Millisecond}} {
+			delay, gap := c.delay, c.gap
+			t.Run(fmt.Sprintf("%s/delay %v/gap %v", key, delay, gap), func(t *testing.T) {
 				// Sent even though the server names another CA: Go's client
 				// would otherwise send none.
 				ccfg := &tls.Config{RootCAs: x509.NewCertPool(),
@@ -1523,7 +1528,7 @@ func TestRefusedClientCertificateGetsTheAlertWhenItWritesLate(t *testing.T) {
 				ccfg.RootCAs.AddCert(serverCA.cert)
 				for range 5 {
 					retries := 0
-					client := New(Config{Address: addr, Dialer: slowTLSDialer{&tls.Dialer{Config: ccfg}, delay},
+					client := New(Config{Address: addr, Dialer: slowTLSDialer{ccfg, delay, gap},
 						OnRetry: func(int, error, time.Duration) { retries++ }})
 					ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 					lk, err := client.AcquireRetry(ctx, "x", time.Second)
@@ -1589,14 +1594,55 @@ func issueTestCert(t *testing.T, parent *testCert, key crypto.Signer, cn string,
 }
 
 // slowTLSDialer waits delay after its handshake: what a client does before
-// its ACQUIRE, or the network's delay.
+// its ACQUIRE, or the network's delay; with gap, the rest of its second
+// flight follows its Certificate gap later.
 type slowTLSDialer struct {
-	d     *tls.Dialer
-	delay time.Duration
+	cfg        *tls.Config
+	delay, gap time.Duration
 }
 
 func (d slowTLSDialer) DialContext(ctx context.Context, network, addr string) (net.Conn, error) {
-	c, err := d.d.DialContext(ctx, network, addr)
+	raw, err := (&net.Dialer{}).DialContext(ctx, network, addr)
+	if err != nil {
+		return nil, err
+	}
+	cfg := d.cfg.Clone()
+	cfg.ServerName = "127.0.0.1"
+	c := tls.Client(&splitFlightConn{Conn: raw, gap: d.gap}, cfg)
+	if err := c.HandshakeContext(ctx); err != nil {
+		raw.Close()
+		return nil, err
+	}
 	time.Sleep(d.delay)
-	return c, err
+	return c, nil
+}
+
+// splitFlightConn writes its second write (the client's second flight) up
+// to and with its first record over 100 bytes (the Certificate), then the
+// rest gap later.
+type splitFlightConn struct {
+	net.Conn
+	gap    time.Duration
+	writes int
+}
+
+func (c *splitFlightConn) Write(b []byte) (int, error) {
+	if c.writes++; c.writes != 2 || c.gap == 0 {
+		return c.Conn.Write(b)
+	}
+	cut := 0
+	for p := b; len(p) >= 5; {
+		l := 5 + int(binary.BigEndian.Uint16(p[3:5]))
+		cut, p = cut+l, p[l:]
+		if l > 100 {
+			break
+		}
+	}
+	n, err := c.Conn.Write(b[:cut])
+	if err != nil {
+		return n, err
+	}
+	time.Sleep(c.gap)
+	k, err := c.Conn.Write(b[cut:])
+	return n + k, err
 }
