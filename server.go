@@ -371,13 +371,15 @@ func (l recordListener) Accept() (net.Conn, error) {
 func newRecordConn(c net.Conn) *recordConn { return &recordConn{Conn: c} }
 
 // recordConn counts the TLS records read through it, a unit each and one
-// more for each whole KiB of one, for the one goroutine that reads (the
-// session's, through crypto/tls).
+// more for each whole KiB of one, and after the handshake charges them to
+// the session's rate before each read from the network, for the one
+// goroutine that reads (the session's, through crypto/tls).
 type recordConn struct {
 	net.Conn
-	rate                   // of the rest of the ACQUIRE's reads
-	readBy time.Time       // the rest of the ACQUIRE's deadline, while it is read
-	done   <-chan struct{} // Shutdown's start, likewise
+	rate                   // the session's
+	unit   time.Duration   // the rate's; 0 in the handshake, not paced
+	readBy time.Time       // the read deadline
+	done   <-chan struct{} // Shutdown's start
 	units  int             // since the last take
 	free   int             // units not charged; below 0, owed
 	header int             // bytes of the next record's header read so far
@@ -385,10 +387,9 @@ type recordConn struct {
 	body   int // bytes of the current record still to come
 }
 
-// maxUnitsARead bounds what crypto/tls may take in between two charges
-// (a read of the session's, or the handshake's reads): a handshake message
-// split a byte a record would be 65,536 records; an honest client sends a
-// few.
+// maxUnitsARead bounds what crypto/tls may take in during the handshake,
+// which is not paced: a handshake message split a byte a record would be
+// 65,536 records; an honest client sends a few.
 const maxUnitsARead = 1 << 10
 
 // maxReadAhead bounds a read from the network under crypto/tls, which
@@ -403,15 +404,25 @@ const maxReadAhead = 512
 // ACQUIRE that returns bytes frees a unit: the record that brought them.
 const handshakeUnits = 32
 
-var errTooManyRecords = errors.New("more than 1024 TLS records, or KiB, in one read")
+var errTooManyRecords = errors.New("more than 1024 TLS records, or KiB, in the handshake")
+
+func (c *recordConn) SetDeadline(t time.Time) error {
+	c.readBy = t
+	return c.Conn.SetDeadline(t)
+}
+
+func (c *recordConn) SetReadDeadline(t time.Time) error {
+	c.readBy = t
+	return c.Conn.SetReadDeadline(t)
+}
 
 func (c *recordConn) Read(b []byte) (int, error) {
 	// crypto/tls reads from the network only once it has handled every
-	// whole record it took in: for the rest of an ACQUIRE, the records it
-	// did not return (a KeyUpdate, an empty record) are paced here, not
-	// those an honest client's bytes came in, one by one or together.
-	if !c.readBy.IsZero() {
-		c.pace(time.Duration(c.take())*floodPause, floodPause, c.readBy, time.Now(), c.done)
+	// whole record it took in, and one of its reads may read a thousand
+	// records (to make up one handshake message): what it took in is paced
+	// here, before it may take in more, if no read has charged it yet.
+	if c.unit > 0 {
+		c.pace(time.Duration(c.take())*c.unit, c.unit, c.readBy, time.Now(), c.done)
 		if !time.Now().Before(c.readBy) {
 			return 0, os.ErrDeadlineExceeded
 		}
@@ -515,6 +526,7 @@ func (s *session) handshake() error {
 			chain += len(c.Raw)
 		}
 		m.free = handshakeUnits + chain>>10
+		m.unit, m.done = floodPause, srv.done // the lease is not known yet
 	}
 	return nil
 }
@@ -579,20 +591,15 @@ func (s *session) acquire() (time.Time, error) {
 // a fresh io-timeout once it needs more than the first read. Over a
 // NewTLSListener's connection its records are paced as run's, a unit of
 // floodPause (the lease is not known yet), within that io-timeout, but
-// for the record each read's bytes came in (recordConn.Read).
+// for the record each read's bytes came in, which it frees.
 func (s *session) Read(p []byte) (int, error) {
 	if s.r == s.w {
-		m := s.meter()
 		if s.w != 0 {
 			s.r, s.w = 0, 0
-			by := time.Now().Add(s.srv.ioTimeout())
-			s.conn.SetDeadline(by)
-			if m != nil {
-				m.readBy, m.done = by, s.srv.done
-			}
+			s.conn.SetDeadline(time.Now().Add(s.srv.ioTimeout()))
 		}
 		n, err := s.conn.Read(p)
-		if m != nil && n > 0 {
+		if m := s.meter(); m != nil && n > 0 {
 			m.free++
 		}
 		return n, err
@@ -606,20 +613,21 @@ func (s *session) Read(p []byte) (int, error) {
 // at most a read, answered before the next. Reads of more than one byte,
 // or any over TLS, are held to a rate of a byte each floodPause, or each
 // quarter of the lease if shorter (a client may heartbeat that often);
-// over a NewTLSListener's connection a TLS read costs a unit for each
-// record read from the network (and each whole KiB of one), and one for
-// each byte past its first: crypto/tls reads, and answers, records
-// (KeyUpdates) it never returns. The reads are paced by s.pace (why: docs/sessions.md, "A
-// flood harms only the flooder").
+// over a NewTLSListener's connection a read costs a unit for each byte
+// past its first and for each record read from the network (and each
+// whole KiB of one) since the last charge: crypto/tls reads, and answers,
+// records (KeyUpdates) it never returns, many inside one Read, where
+// recordConn.Read charges them to the same account before each read from
+// the network. Why: docs/sessions.md, "A flood harms only the flooder".
 func (s *session) run(deadline time.Time) {
 	srv := s.srv
 	unit := min(floodPause, s.lease/4)
-	// A fresh account at the lease's unit: the rest of the ACQUIRE was
-	// paced as it was read. Free units left are not carried; owed, they are.
-	var rate rate
+	// The ACQUIRE was paced as it was read; the account goes on at the
+	// lease's unit. Free units left are not carried; owed, they are.
+	rate := new(rate)
 	m := s.meter()
 	if m != nil {
-		m.readBy = time.Time{}
+		rate, m.unit = &m.rate, unit
 		m.units, m.free = m.take(), 0
 	}
 	for {

@@ -60,8 +60,8 @@ mutant no-io-timeout-before-acquire server.go 'TestIOTimeout$' . \
   $'s.conn.SetDeadline(time.Now().Add(srv.ioTimeout()))\n\tn, err := s.conn.Read(s.rbuf[:])' \
   $'s.conn.SetDeadline(time.Now().Add(time.Hour))\n\tn, err := s.conn.Read(s.rbuf[:])'
 mutant no-io-timeout-inside-acquire server.go 'TestIOTimeout$|TestIOTimeoutBoundsTheWholeRestOfAFrame' . \
-  'by := time.Now().Add(s.srv.ioTimeout())' \
-  'by := time.Now().Add(time.Hour)'
+  's.conn.SetDeadline(time.Now().Add(s.srv.ioTimeout()))' \
+  's.conn.SetDeadline(time.Now().Add(time.Hour))'
 # acquire: the first frame's reads set no write deadline: over TLS, a
 # KeyUpdate's answer meets the handshake's (found by the review of the
 # eleventh review's TLS fixes).
@@ -156,8 +156,12 @@ mutant rate-keeps-old-debt server.go 'TestShortLeaseHoldsOverTLS|TestFloodPauseA
 mutant tcp-single-byte-reads-counted server.go 'TestFloodPauseAfterAMultiByteRead' . \
   'case n > 1 || s.tls != nil:' \
   'case n > 0:'
-# Over NewTLSListener the records read from the network are not counted: one a read, as crypto/tls returns them.
-mutant tls-records-not-counted server.go 'TestKeyUpdateFloodIsHeldToTheRate' . \
+# Over NewTLSListener the records read from the network are not counted, but their KiB.
+mutant tls-records-not-counted server.go 'TestFloodPauseOverTLS' . \
+  'c.units += 1 + c.body>>10' \
+  'c.units += c.body >> 10'
+# Over NewTLSListener a read costs its bytes, the first too, besides its record: a unit twice.
+mutant tls-read-charged-twice server.go 'TestFloodPauseOverTLS' . \
   'case m != nil:' \
   'case false:'
 # A record padded to 16 KiB costs what a byte's does.
@@ -168,10 +172,6 @@ mutant tls-record-kib-not-counted server.go 'TestKeyUpdateFloodIsHeldToTheRate' 
 mutant tls-record-header-4 server.go 'TestKeyUpdateFloodIsHeldToTheRate|TestFloodPauseOverTLS' . \
   'c.header == 5 {' \
   'c.header == 4 {'
-# Every unit read during the handshake is free: records sent with the client's Finished go uncharged.
-mutant tls-handshake-all-free server.go 'TestRecordsSentWithTheFinishedAreCharged' . \
-  'm.free = handshakeUnits + chain>>10' \
-  'm.units = 0'
 # Records read together cost more than apart (a millisecond past a read's first): honest short leases end.
 mutant tls-extra-records-at-a-millisecond server.go 'TestTLSRecordsReadTogetherCostWhatTheyWouldApart' . \
   'cost = time.Duration(n-1+m.take()) * unit' \
@@ -180,34 +180,46 @@ mutant tls-extra-records-at-a-millisecond server.go 'TestTLSRecordsReadTogetherC
 mutant tls-client-chain-charged server.go 'TestLargeClientChainCostsAnHonestClientNothing' . \
   'm.free = handshakeUnits + chain>>10' \
   'm.free = handshakeUnits + chain>>20'
-# No bound on the records one read takes in.
-mutant tls-records-a-read-unbounded server.go 'TestOneReadOfManyRecordsEndsTheSession' . \
+# No bound on the records the handshake takes in.
+mutant tls-handshake-records-unbounded server.go 'TestAHandshakeOfManyRecordsEnds' . \
   'if c.units > maxUnitsARead {' \
   'if false {'
-# The rest of an ACQUIRE is read with no rate.
-mutant tls-acquire-unpaced server.go 'TestKeyUpdatesInsideTheAcquireAreHeldToTheRate' . \
-  'c.pace(time.Duration(c.take())*floodPause, floodPause, c.readBy, time.Now(), c.done)' \
+# The records after the handshake are read with no rate.
+mutant tls-records-unpaced server.go 'TestKeyUpdatesInsideTheAcquireAreHeldToTheRate|TestAFragmentedHandshakeMessageIsHeldToTheRate|TestKeyUpdateFloodIsHeldToTheRate' . \
+  'c.pace(time.Duration(c.take())*c.unit, c.unit, c.readBy, time.Now(), c.done)' \
   '_ = c.readBy'
+# The ACQUIRE's records are read with no rate (but its rest's, as before): a handshake message in its first read goes uncharged.
+mutant tls-acquire-unpaced server.go 'TestAFragmentedHandshakeMessageIsHeldToTheRate|TestKeyUpdatesInsideTheAcquireAreHeldToTheRate' . \
+  'm.unit, m.done = floodPause, srv.done' \
+  'm.unit, m.done = 0, srv.done'
+# The records in run are charged only with each of its reads (as before): a handshake message in one read goes uncharged.
+mutant tls-run-records-charged-a-read server.go 'TestAFragmentedHandshakeMessageIsHeldToTheRate' . \
+  $'rate, m.unit = &m.rate, unit\n\t\tm.units, m.free = m.take(), 0' \
+  $'rate, m.unit = &m.rate, 0\n\t\tm.units, m.free = m.take(), 0'
+# Records and bytes are charged to two accounts, each with its slack.
+mutant tls-two-accounts server.go 'TestARecordAndItsBytesShareOneRate' . \
+  'rate, m.unit = &m.rate, unit' \
+  'm.unit = unit'
 # The handshake's records are charged to the first heartbeats.
 mutant tls-handshake-charged server.go 'TestFloodPauseOverTLS|TestShortLeaseHoldsOverTLS' . \
   'm.free = handshakeUnits + chain>>10' \
   'm.free = 0'
 # The rate's wait for the rest of an ACQUIRE outlasts its io-timeout.
 mutant tls-acquire-wait-past-io-timeout server.go 'TestKeyUpdatesInsideTheAcquireMeetTheIOTimeout' . \
-  'm.readBy, m.done = by, s.srv.done' \
-  'm.readBy, m.done = by.Add(time.Hour), s.srv.done'
+  $'c.readBy = t\n\treturn c.Conn.SetDeadline(t)' \
+  $'c.readBy = t.Add(time.Hour)\n\treturn c.Conn.SetDeadline(t)'
 # The records the ACQUIRE's bytes came in are charged: one sent a byte a record waits, or meets its io-timeout.
 mutant tls-acquire-records-charged server.go 'TestAcquireARecordAByteIsAnsweredAtOnce' . \
-  $'\t\tif m != nil && n > 0 {\n\t\t\tm.free++' \
-  $'\t\tif m != nil && n < 0 {\n\t\t\tm.free++'
+  'if m := s.meter(); m != nil && n > 0 {' \
+  'if m := s.meter(); m != nil && n < 0 {'
 # A unit free for each byte of the ACQUIRE, not each read: a record of many bytes frees as many KeyUpdates.
 mutant tls-acquire-free-a-byte server.go 'TestAConnectionsFreeRecordsDoNotGrowWithItsAcquire' . \
-  $'\t\tif m != nil && n > 0 {\n\t\t\tm.free++' \
-  $'\t\tif m != nil && n > 0 {\n\t\t\tm.free += n'
-# The rest of the ACQUIRE's pacing goes on in run, at a millisecond whatever the lease.
-mutant tls-acquire-pacing-left-on server.go 'TestAcquireARecordAByteIsAnsweredAtOnce' . \
-  $'\t\tm.readBy = time.Time{}\n' \
-  ''
+  $'if m := s.meter(); m != nil && n > 0 {\n\t\t\tm.free++' \
+  $'if m := s.meter(); m != nil && n > 0 {\n\t\t\tm.free += n'
+# The records in run are paced at a millisecond whatever the lease.
+mutant tls-run-unit-not-the-leases server.go 'TestShortLeaseHoldsOverTLS|TestAcquireARecordAByteWithABigBufferCostsNothing|TestShortLeaseFloodIsHeldToTheRate' . \
+  'rate, m.unit = &m.rate, unit' \
+  'rate, m.unit = &m.rate, floodPause'
 # The free units left after the ACQUIRE are carried into run.
 mutant tls-free-carried-into-run server.go 'TestFloodPauseOverTLS' . \
   'm.units, m.free = m.take(), 0' \
