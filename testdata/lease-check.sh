@@ -4,7 +4,9 @@
 # Needs spin and a C compiler; about 40 s on two cores (two searches at a
 # time) and at most 4 GiB of memory.
 set -euo pipefail
-model=$(cd "$(dirname "$0")" && pwd)/lease.pml
+here=$(cd "$(dirname "$0")" && pwd)
+model=$here/lease.pml
+source "$here/spin-queue.sh"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 cd "$work"
@@ -32,26 +34,10 @@ check() {
   fi
 }
 
-# Queued, run two at a time, printed in order.
-n=0 pids=()
-queue() {
-  n=$((n + 1))
-  mkdir "$n"
-  (cd "$n" && check "$@" >out 2>&1) &
-  pids+=($!)
-  while (( $(jobs -rp | wc -l) >= 2 )); do wait -n || true; done
-}
-
 queue "the client's rules" pass safety ""
 queue "the client's rules, ratios near 0.8 and 0.2" pass safety "-DLEASE=5 -DTIMEOUT=4 -DINTERVAL=1 -DMAXT=8"
 queue "a delivered waiter is granted" pass live "-DNOLOSS -DDELIVER1" "-a -f"
 queue "wrong rule: timeout from the reply's arrival" fail safety "-DMUTANT_ARRIVAL"
 queue "wrong rule: the push counts as a heartbeat reply" fail safety "-DMUTANT_PUSH"
 queue "a waiter whose messages are lost" fail live "-DDELIVER1" "-a -f" "-DNFAIR=3"
-failed=0
-for i in "${!pids[@]}"; do
-  wait "${pids[$i]}" || failed=1
-  cat "$((i + 1))/out"
-done
-if (( failed )); then echo "spin: some checks FAILED"; exit 1; fi
-echo "spin: all checks passed"
+finish

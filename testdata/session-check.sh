@@ -10,7 +10,9 @@
 # on while the socket has room, whatever the deadline); IDEAL: a past
 # deadline stops a write at its next byte, as docs/sessions.md assumes.
 set -euo pipefail
-model=$(cd "$(dirname "$0")" && pwd)/session.pml
+here=$(cd "$(dirname "$0")" && pwd)
+model=$here/session.pml
+source "$here/spin-queue.sh"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 cd "$work"
@@ -51,16 +53,6 @@ check() {
   fi
 }
 
-# Queued, run two at a time, printed in order.
-n=0 pids=()
-queue() {
-  n=$((n + 1))
-  mkdir "$n"
-  (cd "$n" && SECONDS=0 && check "$@" >out 2>&1; rc=$?; echo "        (${SECONDS}s)" >>out; exit $rc) &
-  pids+=($!)
-  while (( $(jobs -rp | wc -l) >= 2 )); do wait -n || true; done
-}
-
 # server.go as written, Go's write semantics. Scenarios: who stops
 # sessions, how many HEARTBEATs the holder (S0) and the waiter (S1) send,
 # how many writes really fail (a reset, the io-timeout). Properties 1 and 2
@@ -97,10 +89,4 @@ g="-DNOSHUTDOWN -DHB1=0 -DFAILS=0"
 queue "wrong, Go's writes: stopLocked drops nothing" fail 64 "$g -DMUT_NO_DROP"
 queue "wrong, Go's writes: stopped loaded before the write's deadline is set" fail 64 "$g -DMUT_CHECK_FIRST"
 queue "wrong, Go's writes: a cut frame finished with no ERROR to follow (before the twelfth review)" fail 128 "$g -DMUT_FINISH_ALONE"
-failed=0
-for i in "${!pids[@]}"; do
-  wait "${pids[$i]}" || failed=1
-  cat "$((i + 1))/out"
-done
-if (( failed )); then echo "spin: some checks FAILED"; exit 1; fi
-echo "spin: all checks passed"
+finish
