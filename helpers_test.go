@@ -1515,3 +1515,23 @@ var refusing = func(t *testing.T) (string, func() (net.Listener, error)) {
 	l.Close()
 	return addr, func() (net.Listener, error) { return net.Listen("tcp", addr) }
 }
+
+// serveFake is servePipe inside a synctest bubble: the test's end closes
+// srv, then lets a minute of fake time pass, for the rate's sleeps and the
+// sessions' ends to run out.
+func serveFake(t *testing.T, srv *Server) *pipeListener {
+	l := servePipe(t, srv)
+	t.Cleanup(func() {
+		srv.Close()
+		time.Sleep(time.Minute)
+	})
+	return l
+}
+
+// dialTLS returns the client's end of a connection the server accepts
+// under TLS, its records metered as through NewTLSListener.
+func (l *pipeListener) dialTLS(t *testing.T) net.Conn {
+	raw, server := net.Pipe()
+	l.acceptTLS(t, server)
+	return raw
+}

@@ -454,9 +454,7 @@ func TestFloodPauseOverTLS(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				srv := &Server{}
-				l := servePipe(t, srv)
-				defer time.Sleep(time.Second) // the rate's sleep, and the session's end, run out
-				defer srv.Close()
+				l := serveFake(t, srv)
 				raw, server := net.Pipe()
 				if c.metered {
 					l.acceptTLS(t, server)
@@ -494,9 +492,7 @@ func TestFloodPauseOverTLS(t *testing.T) {
 func TestFloodRateUnitIsAQuarterOfAShortLease(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		srv := &Server{}
-		l := servePipe(t, srv)
-		defer time.Sleep(time.Second) // the rate's sleep, and the session's end, run out
-		defer srv.Close()
+		l := serveFake(t, srv)
 		c := l.dial("c")
 		w := watch("c", c)
 		sendFrames(t, c, acquire("x", 3*time.Millisecond))
@@ -525,11 +521,8 @@ func TestFloodRateUnitIsAQuarterOfAShortLease(t *testing.T) {
 func TestFloodPauseAfterAMultiByteTLSRead(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		srv := &Server{}
-		l := servePipe(t, srv)
-		defer time.Sleep(time.Second) // the rate's sleep, and the session's end, run out
-		defer srv.Close()
-		raw, server := net.Pipe()
-		l.acceptTLS(t, server)
+		l := serveFake(t, srv)
+		raw := l.dialTLS(t)
 		bc := &batchConn{Conn: raw}
 		tc := tls.Client(bc, &tls.Config{InsecureSkipVerify: true})
 		defer tc.Close()
@@ -564,9 +557,7 @@ func TestFloodPauseAfterAMultiByteTLSRead(t *testing.T) {
 func TestARecordAndItsBytesShareOneRate(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		srv := &Server{}
-		l := servePipe(t, srv)
-		defer time.Sleep(time.Second) // the rate's sleep, and the session's end, run out
-		defer srv.Close()
+		l := serveFake(t, srv)
 		raw, _, s := holdOverTLS(t, l, time.Minute)
 		go io.Copy(io.Discard, raw)
 		ku := keyUpdateRequested
@@ -617,9 +608,7 @@ func TestKeyUpdateFloodIsHeldToTheRate(t *testing.T) {
 			t.Run(fmt.Sprintf("%v/%s", lease, shape), func(t *testing.T) {
 				synctest.Test(t, func(t *testing.T) {
 					srv := &Server{}
-					l := servePipe(t, srv)
-					defer time.Sleep(time.Second) // the rate's sleep, and the session's end, run out
-					defer srv.Close()
+					l := serveFake(t, srv)
 					raw, _, s := holdOverTLS(t, l, lease)
 					var written atomic.Int64 // records, since the grant
 					go countRecords(raw, &written)
@@ -683,11 +672,8 @@ func TestKeyUpdateFloodIsHeldToTheRate(t *testing.T) {
 func TestKeyUpdatesInsideTheAcquireAreHeldToTheRate(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		srv := &Server{}
-		l := servePipe(t, srv)
-		defer time.Sleep(time.Minute) // the rate's sleep, and the session's end, run out
-		defer srv.Close()
-		raw, server := net.Pipe()
-		l.acceptTLS(t, server)
+		l := serveFake(t, srv)
+		raw := l.dialTLS(t)
 		_, s := handshakeTLS13(t, raw)
 		var written atomic.Int64
 		go countRecords(raw, &written)
@@ -733,11 +719,8 @@ func TestAConnectionsFreeRecordsDoNotGrowWithItsAcquire(t *testing.T) {
 				t.Run(fmt.Sprintf("name %d/valid %v/%d bytes a record", len(name), valid, chunk), func(t *testing.T) {
 					synctest.Test(t, func(t *testing.T) {
 						srv := &Server{}
-						l := servePipe(t, srv)
-						defer time.Sleep(time.Minute) // the rate's sleep, and the session's end, run out
-						defer srv.Close()
-						raw, server := net.Pipe()
-						l.acceptTLS(t, server)
+						l := serveFake(t, srv)
+						raw := l.dialTLS(t)
 						_, s := handshakeTLS13(t, raw)
 						var written atomic.Int64
 						go countRecords(raw, &written)
@@ -781,11 +764,8 @@ func TestKeyUpdatesReadAheadInTheAcquireArePaced(t *testing.T) {
 		t.Run(fmt.Sprintf("%s/alpn %d/valid %v", c.how, c.alpn, c.valid), func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				srv := &Server{}
-				l := servePipe(t, srv)
-				defer time.Sleep(time.Minute) // the rate's sleep, and the session's end, run out
-				defer srv.Close()
-				raw, server := net.Pipe()
-				l.acceptTLS(t, server)
+				l := serveFake(t, srv)
+				raw := l.dialTLS(t)
 				_, s, hc := handshakeHeld(t, raw, c.alpn)
 				var written atomic.Int64
 				go countRecords(raw, &written)
@@ -833,11 +813,8 @@ func TestKeyUpdatesBehindAPaddedRecordArePaidFor(t *testing.T) {
 		t.Run(fmt.Sprintf("name %d", nameLen), func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				srv := &Server{}
-				l := servePipe(t, srv)
-				defer time.Sleep(time.Minute) // the rate's sleep, and the session's end, run out
-				defer srv.Close()
-				raw, server := net.Pipe()
-				l.acceptTLS(t, server)
+				l := serveFake(t, srv)
+				raw := l.dialTLS(t)
 				_, s := handshakeTLS13(t, raw)
 				var written atomic.Int64
 				go countRecords(raw, &written)
@@ -877,11 +854,8 @@ func TestAcquireARecordAByteWithABigBufferCostsNothing(t *testing.T) {
 			t.Run(fmt.Sprintf("with Finished %v/lease %v", withFinished, lease), func(t *testing.T) {
 				synctest.Test(t, func(t *testing.T) {
 					srv := &Server{}
-					l := servePipe(t, srv)
-					defer time.Sleep(time.Second)
-					defer srv.Close()
-					raw, server := net.Pipe()
-					l.acceptTLS(t, server)
+					l := serveFake(t, srv)
+					raw := l.dialTLS(t)
 					c, s, hc := handshakeHeld(t, raw, 58)
 					acq, _ := acquire(strings.Repeat("n", MaxNameLen), lease).AppendBinary(nil)
 					var batch []byte
@@ -930,11 +904,8 @@ func TestAcquireARecordAByteWithABigBufferCostsNothing(t *testing.T) {
 func TestKeyUpdatesInsideTheAcquireMeetTheIOTimeout(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		srv := &Server{IOTimeout: time.Second}
-		l := servePipe(t, srv)
-		defer time.Sleep(time.Minute) // the rate's sleep, and the session's end, run out
-		defer srv.Close()
-		raw, server := net.Pipe()
-		l.acceptTLS(t, server)
+		l := serveFake(t, srv)
+		raw := l.dialTLS(t)
 		_, s := handshakeTLS13(t, raw)
 		go io.Copy(io.Discard, raw)
 		acq, _ := acquire(strings.Repeat("n", MaxNameLen), time.Minute).AppendBinary(nil)
@@ -972,11 +943,8 @@ func TestRecordsSentWithTheFinishedAreCharged(t *testing.T) {
 		t.Run(fmt.Sprintf("ALPN names %d/name %d", alpn, len(name)), func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				srv := &Server{}
-				l := servePipe(t, srv)
-				defer time.Sleep(time.Minute) // the rate's sleep, and the session's end, run out
-				defer srv.Close()
-				raw, server := net.Pipe()
-				l.acceptTLS(t, server)
+				l := serveFake(t, srv)
+				raw := l.dialTLS(t)
 				c, s, hc := handshakeHeld(t, raw, alpn)
 				b, _ := acquire(name, time.Minute).AppendBinary(nil)
 				batch := s.record(23, b)
@@ -1024,9 +992,7 @@ func TestShortLeaseFloodIsHeldToTheRate(t *testing.T) {
 		t.Run(fmt.Sprintf("%v/every %v/%d KeyUpdates", c.lease, c.every, c.kus), func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				srv := &Server{}
-				l := servePipe(t, srv)
-				defer time.Sleep(time.Second) // the rate's sleep, and the session's end, run out
-				defer srv.Close()
+				l := serveFake(t, srv)
 				raw, _, s := holdOverTLS(t, l, c.lease)
 				var written atomic.Int64
 				go countRecords(raw, &written)
@@ -1063,9 +1029,7 @@ func TestTLSRecordsReadTogetherCostWhatTheyWouldApart(t *testing.T) {
 			t.Run(fmt.Sprintf("lease %v/%d in one read", lease, group), func(t *testing.T) {
 				synctest.Test(t, func(t *testing.T) {
 					srv := &Server{}
-					l := servePipe(t, srv)
-					defer time.Sleep(time.Second) // the rate's sleep, and the session's end, run out
-					defer srv.Close()
+					l := serveFake(t, srv)
 					raw, _, s := holdOverTLS(t, l, lease)
 					go io.Copy(io.Discard, raw)
 					var hold []byte
@@ -1111,13 +1075,10 @@ func TestAcquireInSeveralTLSRecordsCostsAnHonestClientNothing(t *testing.T) {
 				t.Run(name, func(t *testing.T) {
 					synctest.Test(t, func(t *testing.T) {
 						srv := &Server{}
-						l := servePipe(t, srv)
-						defer time.Sleep(time.Second) // the rate's sleep, and the session's end, run out
-						defer srv.Close()
+						l := serveFake(t, srv)
 						var c net.Conn
 						if overTLS {
-							raw, server := net.Pipe()
-							l.acceptTLS(t, server)
+							raw := l.dialTLS(t)
 							tc := tls.Client(raw, &tls.Config{InsecureSkipVerify: true})
 							tc.SetDeadline(time.Now().Add(time.Minute))
 							if err := tc.Handshake(); err != nil {
@@ -1186,14 +1147,11 @@ func TestAcquireARecordAByteIsAnsweredAtOnce(t *testing.T) {
 				t.Run(fmt.Sprintf("name %d/io-timeout %v/%s", len(name), io, how), func(t *testing.T) {
 					synctest.Test(t, func(t *testing.T) {
 						srv := &Server{IOTimeout: io}
-						l := servePipe(t, srv)
-						defer time.Sleep(time.Minute) // the rate's sleep, and the session's end, run out
-						defer srv.Close()
+						l := serveFake(t, srv)
 						c := l.dial("r")
 						bc := &batchConn{Conn: c}
 						if how != "tcp" {
-							raw, server := net.Pipe()
-							l.acceptTLS(t, server)
+							raw := l.dialTLS(t)
 							bc = &batchConn{Conn: raw}
 							tc := tls.Client(bc, &tls.Config{InsecureSkipVerify: true})
 							tc.SetDeadline(time.Now().Add(time.Minute))
@@ -1254,9 +1212,7 @@ func TestLargeClientChainCostsAnHonestClientNothing(t *testing.T) {
 		t.Run(fmt.Sprint(c.copies, " copies/", c.lease), func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				srv := &Server{}
-				l := servePipe(t, srv)
-				defer time.Sleep(time.Second) // the rate's sleep, and the session's end, run out
-				defer srv.Close()
+				l := serveFake(t, srv)
 				cert := selfSigned(t)
 				chain := cert
 				chain.Certificate = nil
@@ -1314,11 +1270,8 @@ func TestAFragmentedHandshakeMessageIsHeldToTheRate(t *testing.T) {
 		t.Run(fmt.Sprintf("%s/pad %d", c.where, c.pad), func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				srv := &Server{}
-				l := servePipe(t, srv)
-				defer time.Sleep(time.Minute) // the rate's sleep, and the session's end, run out
-				defer srv.Close()
-				raw, server := net.Pipe()
-				l.acceptTLS(t, server)
+				l := serveFake(t, srv)
+				raw := l.dialTLS(t)
 				_, s := handshakeTLS13(t, raw)
 				go io.Copy(io.Discard, raw) // the session ticket, and what follows
 				synctest.Wait()
@@ -1357,11 +1310,8 @@ func TestAFragmentedHandshakeMessageIsHeldToTheRate(t *testing.T) {
 func TestAHandshakeOfManyRecordsEnds(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		srv := &Server{}
-		l := servePipe(t, srv)
-		defer time.Sleep(time.Minute) // the session's end runs out
-		defer srv.Close()
-		raw, server := net.Pipe()
-		l.acceptTLS(t, server)
+		l := serveFake(t, srv)
+		raw := l.dialTLS(t)
 		go io.Copy(io.Discard, raw)
 		raw.Write([]byte{22, 3, 1, 0, 4, 1, 0, 0xff, 0xff}) // a ClientHello's header
 		read := 1
@@ -1389,11 +1339,8 @@ func TestTLSBurstIsTheDocumentedOne(t *testing.T) {
 		t.Run(fmt.Sprintf("%d one-byte records", ones), func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				srv := &Server{}
-				l := servePipe(t, srv)
-				defer time.Sleep(time.Second) // the rate's sleep, and the session's end, run out
-				defer srv.Close()
-				raw, server := net.Pipe()
-				l.acceptTLS(t, server)
+				l := serveFake(t, srv)
+				raw := l.dialTLS(t)
 				bc := &batchConn{Conn: raw}
 				tc := tls.Client(bc, &tls.Config{InsecureSkipVerify: true})
 				defer tc.Close()
@@ -1456,9 +1403,7 @@ func TestShortLeaseHoldsOverTLS(t *testing.T) {
 		t.Run(fmt.Sprintf("%v/write %v/split %v", lease, w, c.split), func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				srv := &Server{}
-				l := servePipe(t, srv)
-				defer time.Sleep(time.Second) // the session's pause, and its end, run out
-				defer srv.Close()
+				l := serveFake(t, srv)
 				var slow atomic.Bool // from the grant on
 				c := New(Config{Address: "pipe", Dialer: dialerFunc(func(context.Context, string, string) (net.Conn, error) {
 					raw, server := net.Pipe()

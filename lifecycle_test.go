@@ -352,9 +352,7 @@ func TestShutdownDoesNotWaitForTheFloodRate(t *testing.T) {
 				if how == "tcp" {
 					srv.IOTimeout = 10 * time.Millisecond
 				}
-				l := servePipe(t, srv)
-				defer time.Sleep(time.Minute) // the rate's sleep, and the session's end, run out
-				defer srv.Close()
+				l := serveFake(t, srv)
 				switch how {
 				case "tcp":
 					c := l.holder(t, "r", "x")
@@ -373,8 +371,7 @@ func TestShutdownDoesNotWaitForTheFloodRate(t *testing.T) {
 					mustRead(t, c, TypeAcquired)
 					go io.Copy(io.Discard, c)
 				default:
-					raw, server := net.Pipe()
-					l.acceptTLS(t, server)
+					raw := l.dialTLS(t)
 					_, s := handshakeTLS13(t, raw)
 					go io.Copy(io.Discard, raw)
 					acq, _ := acquire(strings.Repeat("n", MaxNameLen), time.Minute).AppendBinary(nil)
