@@ -9,7 +9,10 @@
 // sends -keyupdates KeyUpdates with an ACQUIRE of the longest name in one
 // write (16, then a byte of it), reads its ACQUIRED, closes and connects
 // again: what the records free with a connection's handshake and ACQUIRE
-// cost the server.
+// cost the server. With -reconnect -fragment each connection sends, after
+// its handshake, a KeyUpdate that declares 65,535 bytes, a byte a record
+// (each padded to -pad bytes), 1,100 units' worth, and reads until the
+// server closes.
 //
 //	go build -o /tmp/monolock ./cmd/monolock   (in the repository)
 //	go run ./testdata/keyupdate-flood -bin /tmp/monolock -n 10 -d 5s
@@ -79,15 +82,20 @@ func (s *sender) setSecret(secret []byte) {
 
 func (s *sender) updateKeys() { s.setSecret(s.expand(s.secret, "traffic upd", s.newHash().Size())) }
 
-func (s *sender) record(contentType byte, msg []byte) []byte {
+func (s *sender) record(contentType byte, msg []byte) []byte { return s.padded(contentType, msg, 0) }
+
+// padded seals msg padded with zeros to pad bytes, its type included.
+func (s *sender) padded(contentType byte, msg []byte, pad int) []byte {
 	nonce := bytes.Clone(s.iv)
 	for i := range 8 {
 		nonce[4+i] ^= byte(s.seq >> (56 - 8*i))
 	}
 	s.seq++
 	hdr := []byte{0x17, 0x03, 0x03, 0, 0}
-	binary.BigEndian.PutUint16(hdr[3:], uint16(len(msg)+1+s.aead.Overhead()))
-	return s.aead.Seal(hdr, nonce, append(bytes.Clone(msg), contentType), hdr)
+	inner := append(bytes.Clone(msg), contentType)
+	inner = append(inner, make([]byte, max(pad-len(inner), 0))...)
+	binary.BigEndian.PutUint16(hdr[3:], uint16(len(inner)+s.aead.Overhead()))
+	return s.aead.Seal(hdr, nonce, inner, hdr)
 }
 
 func acquire(name string, leaseMS uint32) []byte {
@@ -169,7 +177,7 @@ func dial(addr string) (*tls.Conn, net.Conn, *sender, error) {
 }
 
 // reconnect is the -reconnect flooder; batches counts its connections.
-func reconnect(addr string, i int, keyUpdates int, stop <-chan struct{}, batches *atomic.Int64) error {
+func reconnect(addr string, i int, keyUpdates, fragment int, stop <-chan struct{}, batches *atomic.Int64) error {
 	for k := 0; ; k++ {
 		name := fmt.Sprintf("flood%d-%d-", i, k) // the last one's close may not be read yet
 		name += strings.Repeat("n", 255-len(name))
@@ -181,6 +189,21 @@ func reconnect(addr string, i int, keyUpdates int, stop <-chan struct{}, batches
 		c, raw, s, err := dial(addr)
 		if err != nil {
 			return err
+		}
+		if fragment >= 0 {
+			batch := s.padded(22, []byte{24, 0, 0xff, 0xff}, fragment)
+			for range 1100 / (1 + fragment>>10) {
+				batch = append(batch, s.padded(22, []byte{0}, fragment)...)
+			}
+			// The server closes past 1,024 units, or at its io-timeout:
+			// the write may fail, the read may be reset.
+			raw.SetDeadline(time.Now().Add(30 * time.Second))
+			raw.Write(batch)
+			raw.(*net.TCPConn).CloseWrite()
+			io.Copy(counter{}, raw)
+			raw.Close()
+			batches.Add(1)
+			continue
 		}
 		// crypto/tls takes 16 KeyUpdates at most before a record of data:
 		// a byte of the ACQUIRE after each 16.
@@ -292,6 +315,8 @@ func main() {
 	d := flag.Duration("d", 10*time.Second, "each phase")
 	warm := flag.Duration("warm", 5*time.Second, "flooding before the flooded phase's measures")
 	reconnecting := flag.Bool("reconnect", false, "a connection each batch, its KeyUpdates sent with its ACQUIRE")
+	fragment := flag.Bool("fragment", false, "with -reconnect: a KeyUpdate of 65,535 bytes a byte a record instead")
+	pad := flag.Int("pad", 0, "with -fragment: the bytes each record is padded to")
 	flag.Parse()
 	dir, _ := os.MkdirTemp("", "ku")
 	defer os.RemoveAll(dir)
@@ -324,7 +349,11 @@ func main() {
 		wg.Go(func() {
 			f := func() error { return flood(addr, i, *keyUpdates, uint32(*leaseMS), stopFlood, &batches) }
 			if *reconnecting {
-				f = func() error { return reconnect(addr, i, *keyUpdates, stopFlood, &batches) }
+				frag := -1
+				if *fragment {
+					frag = *pad
+				}
+				f = func() error { return reconnect(addr, i, *keyUpdates, frag, stopFlood, &batches) }
 			}
 			if err := f(); err != nil {
 				if failed.Add(1) <= 3 {
@@ -344,6 +373,9 @@ func main() {
 	what := fmt.Sprintf("%d KeyUpdates a HEARTBEAT record, lease %dms", *keyUpdates, *leaseMS)
 	if *reconnecting {
 		what = fmt.Sprintf("reconnecting, %d KeyUpdates with each ACQUIRE (a batch: a connection)", *keyUpdates)
+		if *fragment {
+			what = fmt.Sprintf("reconnecting, a KeyUpdate of 65,535 bytes a byte a record, records padded to %d bytes (a batch: a connection)", *pad)
+		}
 	}
 	fmt.Printf("flooders %d, %s, %v a phase; %d flooders failed\n", *n, what, *d, failed.Load())
 	fmt.Printf("probe (TLS dial+ACQUIRE+ACQUIRED) without flood: %d probes, p50 %v, p99 %v\n", len(base), pct(base, .5).Round(10*time.Microsecond), pct(base, .99).Round(10*time.Microsecond))
