@@ -336,6 +336,46 @@ func TestShutdownDeadlineClosesStuckSessions(t *testing.T) {
 	}
 }
 
+// Once Shutdown has begun, a session's reads are no longer paced (the
+// rate's wait wakes), and it ends instead of reading more from the
+// network: a holder that does not read (its ERROR 0x01 waits for its
+// io-timeout) sending a handshake message of 65,535 bytes a byte a record
+// had the server decrypt 64,895 of them in Shutdown's first millisecond
+// (5,993 padded to 16 KiB: 94 MiB), where the rate had taken about 100 in
+// the 100 ms before (the break-review of 867fc64). Fake time.
+func TestShutdownEndsTheReadsOfASessionItStopped(t *testing.T) {
+	for _, pad := range []int{0, 1 << 14} {
+		t.Run(fmt.Sprintf("padded to %d", pad), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				srv := &Server{}
+				l := serveFake(t, srv)
+				raw, _, s := holdOverTLS(t, l, time.Minute) // and reads no more
+				var sent atomic.Int64
+				go func() {
+					raw.Write(s.sealPadded(22, []byte{24, 0, 0xff, 0xff}, pad)) // a KeyUpdate of 65,535 bytes: its header
+					for range 60000 / (1 + pad>>10) {                           // short of the message's end (an alert); padded: 3,529 records, 55 MiB
+						if _, err := raw.Write(s.sealPadded(22, []byte{0}, pad)); err != nil {
+							return
+						}
+						sent.Add(1)
+					}
+				}()
+				time.Sleep(100 * time.Millisecond)
+				before := sent.Load()
+				shut := make(chan error, 1)
+				go func() { shut <- srv.Shutdown(context.Background()) }()
+				time.Sleep(time.Millisecond)
+				if n := sent.Load() - before; n > 25 {
+					t.Errorf("%d records (padded to %d) read in Shutdown's first millisecond; want a read's 23 at most", n, pad)
+				}
+				if err := <-shut; err != nil {
+					t.Errorf("Shutdown = %v", err)
+				}
+			})
+		})
+	}
+}
+
 // Shutdown ends within its io-timeout whatever the clients do: a session
 // waiting for the flood rate is woken by it, over TCP (a read of 32
 // HEARTBEATs: 28 ms of debt, with an io-timeout of 10 ms), over TLS (900

@@ -382,6 +382,7 @@ type recordConn struct {
 	done   <-chan struct{} // Shutdown's start
 	units  int             // since the last take
 	free   int             // units not charged; below 0, owed
+	owed   int             // the handshake's units past its free ones, for run
 	header int             // bytes of the next record's header read so far
 	length [2]byte
 	body   int // bytes of the current record still to come
@@ -423,6 +424,11 @@ func (c *recordConn) Read(b []byte) (int, error) {
 	// here, before it may take in more, if no read has charged it yet.
 	if c.unit > 0 {
 		c.pace(time.Duration(c.take())*c.unit, c.unit, c.readBy, time.Now(), c.done)
+		select {
+		case <-c.done: // Shutdown has ended the session, and no longer paces it
+			return 0, net.ErrClosed
+		default:
+		}
 		if !time.Now().Before(c.readBy) {
 			return 0, os.ErrDeadlineExceeded
 		}
@@ -526,6 +532,7 @@ func (s *session) handshake() error {
 			chain += len(c.Raw)
 		}
 		m.free = handshakeUnits + chain>>10
+		m.owed = m.take()                     // at the lease's unit: a large ClientHello is no flood
 		m.unit, m.done = floodPause, srv.done // the lease is not known yet
 	}
 	return nil
@@ -622,13 +629,14 @@ func (s *session) Read(p []byte) (int, error) {
 func (s *session) run(deadline time.Time) {
 	srv := s.srv
 	unit := min(floodPause, s.lease/4)
-	// The ACQUIRE was paced as it was read; the account goes on at the
-	// lease's unit. Free units left are not carried; owed, they are.
-	rate := new(rate)
+	// The account goes on at the lease's unit: the ACQUIRE was paced as it
+	// was read, at a millisecond, but for the handshake's debt, owed from
+	// here. Free units left pay it first; then they are not carried.
+	acct := new(rate)
 	m := s.meter()
 	if m != nil {
-		rate, m.unit = &m.rate, unit
-		m.units, m.free = m.take(), 0
+		acct, m.unit = &m.rate, unit
+		m.units, m.free = max(m.units-m.free+m.owed, 0), 0
 	}
 	for {
 		var cost time.Duration // of this read, against the rate
@@ -659,7 +667,7 @@ func (s *session) run(deadline time.Time) {
 		}
 		deadline = s.leaseEndLocked()
 		s.drainOwnLocked()
-		rate.pace(cost, unit, deadline, now, srv.done)
+		acct.pace(cost, unit, deadline, now, srv.done)
 	}
 }
 

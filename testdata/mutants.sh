@@ -194,11 +194,11 @@ mutant tls-acquire-unpaced server.go 'TestAFragmentedHandshakeMessageIsHeldToThe
   'm.unit, m.done = 0, srv.done'
 # The records in run are charged only with each of its reads (as before): a handshake message in one read goes uncharged.
 mutant tls-run-records-charged-a-read server.go 'TestAFragmentedHandshakeMessageIsHeldToTheRate' . \
-  $'rate, m.unit = &m.rate, unit\n\t\tm.units, m.free = m.take(), 0' \
-  $'rate, m.unit = &m.rate, 0\n\t\tm.units, m.free = m.take(), 0'
+  'acct, m.unit = &m.rate, unit' \
+  'acct, m.unit = &m.rate, 0'
 # Records and bytes are charged to two accounts, each with its slack.
 mutant tls-two-accounts server.go 'TestARecordAndItsBytesShareOneRate' . \
-  'rate, m.unit = &m.rate, unit' \
+  'acct, m.unit = &m.rate, unit' \
   'm.unit = unit'
 # The handshake's records are charged to the first heartbeats.
 mutant tls-handshake-charged server.go 'TestFloodPauseOverTLS|TestShortLeaseHoldsOverTLS' . \
@@ -216,14 +216,30 @@ mutant tls-acquire-records-charged server.go 'TestAcquireARecordAByteIsAnsweredA
 mutant tls-acquire-free-a-byte server.go 'TestAConnectionsFreeRecordsDoNotGrowWithItsAcquire' . \
   $'if m := s.meter(); m != nil && n > 0 {\n\t\t\tm.free++' \
   $'if m := s.meter(); m != nil && n > 0 {\n\t\t\tm.free += n'
+# The handshake's units past its free ones are charged before the ACQUIRE's first read, at a millisecond: a large ClientHello loses a short lease.
+mutant tls-handshake-debt-in-the-acquire server.go 'TestShortLeaseHoldsOverTLS' . \
+  'm.owed = m.take()' \
+  'm.owed = 0'
+# The handshake's units past its free ones are forgiven.
+mutant tls-handshake-debt-forgiven server.go 'TestALargeClientHelloIsPaidForInRun' . \
+  'm.units, m.free = max(m.units-m.free+m.owed, 0), 0' \
+  'm.units, m.free = max(m.units-m.free, 0), 0'
+# The free units left after the ACQUIRE do not pay what the handshake owes: an ACQUIRE sent with the Finished after a large ClientHello waits.
+mutant tls-acquire-free-not-against-the-debt server.go 'TestAcquireARecordAByteWithABigBufferCostsNothing' . \
+  'm.units, m.free = max(m.units-m.free+m.owed, 0), 0' \
+  'm.units, m.free = max(m.units-m.free, 0)+m.owed, 0'
+# After Shutdown's start the records are read on, unpaced.
+mutant tls-reads-on-after-shutdown server.go 'TestShutdownEndsTheReadsOfASessionItStopped' . \
+  $'case <-c.done: // Shutdown has ended the session, and no longer paces it\n\t\t\treturn 0, net.ErrClosed' \
+  $'case <-c.done: // Shutdown has ended the session, and no longer paces it'
 # The records in run are paced at a millisecond whatever the lease.
 mutant tls-run-unit-not-the-leases server.go 'TestShortLeaseHoldsOverTLS|TestAcquireARecordAByteWithABigBufferCostsNothing|TestShortLeaseFloodIsHeldToTheRate' . \
-  'rate, m.unit = &m.rate, unit' \
-  'rate, m.unit = &m.rate, floodPause'
+  'acct, m.unit = &m.rate, unit' \
+  'acct, m.unit = &m.rate, floodPause'
 # The free units left after the ACQUIRE are carried into run.
 mutant tls-free-carried-into-run server.go 'TestFloodPauseOverTLS' . \
-  'm.units, m.free = m.take(), 0' \
-  '_ = m.units'
+  'm.units, m.free = max(m.units-m.free+m.owed, 0), 0' \
+  'm.units += m.owed'
 # A read from the network under crypto/tls takes all there is: KeyUpdates read ahead in the ACQUIRE are answered before any charge.
 mutant tls-read-ahead-unbounded server.go 'TestKeyUpdatesReadAheadInTheAcquireArePaced|TestKeyUpdatesBehindAPaddedRecordArePaidFor' . \
   'n, err := c.Conn.Read(b[:min(len(b), maxReadAhead)])' \
