@@ -499,7 +499,8 @@ func (s *session) serve() {
 // and the identity is known before the first frame.
 func (s *session) handshake() error {
 	srv := s.srv
-	s.tls.SetDeadline(time.Now().Add(srv.ioTimeout()))
+	deadline := time.Now().Add(srv.ioTimeout())
+	s.tls.SetDeadline(deadline)
 	err := s.tls.Handshake()
 	srv.mu.Lock()
 	failed := err != nil && s.phase < phaseEnding // not for a Shutdown's close
@@ -515,11 +516,12 @@ func (s *session) handshake() error {
 	if err != nil {
 		// Take in what the client sent after the record that failed (its
 		// CertificateVerify and Finished, which may come a round trip
-		// later), until it closes, 50 ms or 64 KiB: left unread, it makes
-		// the close a reset, which a client writing next meets instead of
-		// the alert (reads of maxReadAhead leave it there).
+		// later), until it closes, 50 ms or 64 KiB, within the handshake's
+		// io-timeout: left unread, it makes the close a reset, which a
+		// client writing next meets instead of the alert (reads of
+		// maxReadAhead leave it there).
 		if m := s.meter(); m != nil && failed {
-			m.Conn.SetReadDeadline(time.Now().Add(min(50*time.Millisecond, srv.ioTimeout())))
+			m.Conn.SetReadDeadline(earlier(time.Now().Add(50*time.Millisecond), deadline))
 			io.Copy(io.Discard, io.LimitReader(m.Conn, 1<<16))
 		}
 		return fmt.Errorf("TLS handshake: %w", err)

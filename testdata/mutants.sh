@@ -248,6 +248,10 @@ mutant tls-read-ahead-unbounded server.go 'TestKeyUpdatesReadAheadInTheAcquireAr
 mutant tls-failed-handshake-not-drained server.go 'TestRefusedClientCertificateGetsTheAlertWhenItWritesLate' . \
   'if m := s.meter(); m != nil && failed {' \
   'if m := s.meter(); m != nil && false {'
+# A failed handshake's drain runs 50 ms past the handshake's io-timeout.
+mutant tls-drain-past-io-timeout server.go 'TestAStalledTLSHandshakeEndsAtItsIOTimeout' . \
+  'm.Conn.SetReadDeadline(earlier(time.Now().Add(50*time.Millisecond), deadline))' \
+  'm.Conn.SetReadDeadline(time.Now().Add(50*time.Millisecond))'
 # The rate's wait is not woken by Shutdown, which waits for the session's goroutine.
 mutant rate-wait-deaf-to-shutdown server.go 'TestShutdownDoesNotWaitForTheFloodRate' . \
   $'case <-t.C:\n\t\tcase <-done:' \
