@@ -1321,7 +1321,7 @@ func TestAHandshakeOfManyRecordsEnds(t *testing.T) {
 			}
 		}
 		synctest.Wait()
-		if st := srv.Stats(); read > maxUnitsARead+100+1<<16/6 || st.Connections != 0 || st.TLSHandshakeErrors != 1 {
+		if st := srv.Stats(); read > maxHandshakeUnits+100+1<<16/6 || st.Connections != 0 || st.TLSHandshakeErrors != 1 {
 			t.Errorf("%d one-byte records of one ClientHello read, %+v; want the handshake failed past 1,024", read, st)
 		}
 	})

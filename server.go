@@ -381,22 +381,22 @@ type recordConn struct {
 	readBy time.Time       // the read deadline
 	done   <-chan struct{} // Shutdown's start
 	units  int             // since the last take
-	free   int             // units not charged; below 0, owed
+	free   int             // units not to be charged
 	owed   int             // the handshake's units past its free ones, for run
 	header int             // bytes of the next record's header read so far
 	length [2]byte
 	body   int // bytes of the current record still to come
 }
 
-// maxUnitsARead bounds what crypto/tls may take in during the handshake,
+// maxHandshakeUnits bounds what crypto/tls may take in during the handshake,
 // which is not paced: a handshake message split a byte a record would be
 // 65,536 records; an honest client sends a few.
-const maxUnitsARead = 1 << 10
+const maxHandshakeUnits = 1 << 10
 
 // maxReadAhead bounds a read from the network under crypto/tls, which
-// handles all it took in before it reads again, where the rest of an
-// ACQUIRE is paced: a buffer grown by a large ClientHello or record let
-// one read take in, and have answered, 650 KeyUpdates before any charge.
+// handles all it took in before it reads again, where the records are
+// paced: a buffer grown by a large ClientHello or record let one read
+// take in, and have answered, 650 KeyUpdates before any charge.
 const maxReadAhead = 512
 
 // handshakeUnits are the units of a TLS handshake not charged to the rate,
@@ -448,7 +448,7 @@ func (c *recordConn) Read(b []byte) (int, error) {
 			c.units += 1 + c.body>>10
 		}
 	}
-	if c.units > maxUnitsARead {
+	if c.units > maxHandshakeUnits {
 		return n, errTooManyRecords
 	}
 	return n, err

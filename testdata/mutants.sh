@@ -182,7 +182,7 @@ mutant tls-client-chain-charged server.go 'TestLargeClientChainCostsAnHonestClie
   'm.free = handshakeUnits + chain>>20'
 # No bound on the records the handshake takes in.
 mutant tls-handshake-records-unbounded server.go 'TestAHandshakeOfManyRecordsEnds' . \
-  'if c.units > maxUnitsARead {' \
+  'if c.units > maxHandshakeUnits {' \
   'if false {'
 # The records after the handshake are read with no rate.
 mutant tls-records-unpaced server.go 'TestKeyUpdatesInsideTheAcquireAreHeldToTheRate|TestAFragmentedHandshakeMessageIsHeldToTheRate|TestKeyUpdateFloodIsHeldToTheRate' . \
