@@ -368,8 +368,13 @@ func TestShutdownEndsTheReadsOfASessionItStopped(t *testing.T) {
 				if n := sent.Load() - before; n > 25 {
 					t.Errorf("%d records (padded to %d) read in Shutdown's first millisecond; want a read's 23 at most", n, pad)
 				}
-				if err := <-shut; err != nil {
-					t.Errorf("Shutdown = %v", err)
+				select {
+				case err := <-shut:
+					if err != nil {
+						t.Errorf("Shutdown = %v", err)
+					}
+				case <-time.After(time.Minute):
+					t.Fatal("Shutdown had not returned after a minute (io-timeout 5s)")
 				}
 			})
 		})

@@ -1500,16 +1500,7 @@ func TestTLS13KeyUpdateBeforeTheAcquireKeepsTheSession(t *testing.T) {
 // Finished came 2 ms or more after its Certificate (20 of 20: the review
 // of that fix). gap splits the client's flight so.
 func TestRefusedClientCertificateGetsTheAlertWhenItWritesLate(t *testing.T) {
-	serverCA := issueTestCert(t, nil, newTestKey(t, "ec"), "server CA", true, nil, 0)
-	serverLeaf := issueTestCert(t, serverCA, newTestKey(t, "ec"), "server", false, []net.IP{net.IPv4(127, 0, 0, 1)}, x509.ExtKeyUsageServerAuth)
-	clientCA := issueTestCert(t, nil, newTestKey(t, "ec"), "client CA", true, nil, 0)
-	otherCA := issueTestCert(t, nil, newTestKey(t, "ec"), "other CA", true, nil, 0)
-	cfg := &tls.Config{
-		Certificates: []tls.Certificate{{Certificate: [][]byte{serverLeaf.cert.Raw}, PrivateKey: serverLeaf.key, Leaf: serverLeaf.cert}},
-		ClientAuth:   tls.RequireAndVerifyClientCert,
-		ClientCAs:    x509.NewCertPool(),
-	}
-	cfg.ClientCAs.AddCert(clientCA.cert)
+	cfg, serverCA, otherCA := refusingMutualTLS(t)
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -1716,16 +1707,7 @@ func (h *countingHandler) count(msg string) int {
 // Shutdown during a refused client's drain (the client reads, and does
 // not close) closes it at once; the failure was counted and logged once.
 func TestShutdownEndsAFailedHandshakesDrainAtOnce(t *testing.T) {
-	serverCA := issueTestCert(t, nil, newTestKey(t, "ec"), "server CA", true, nil, 0)
-	serverLeaf := issueTestCert(t, serverCA, newTestKey(t, "ec"), "server", false, []net.IP{net.IPv4(127, 0, 0, 1)}, x509.ExtKeyUsageServerAuth)
-	clientCA := issueTestCert(t, nil, newTestKey(t, "ec"), "client CA", true, nil, 0)
-	otherCA := issueTestCert(t, nil, newTestKey(t, "ec"), "other CA", true, nil, 0)
-	cfg := &tls.Config{
-		Certificates: []tls.Certificate{{Certificate: [][]byte{serverLeaf.cert.Raw}, PrivateKey: serverLeaf.key, Leaf: serverLeaf.cert}},
-		ClientAuth:   tls.RequireAndVerifyClientCert,
-		ClientCAs:    x509.NewCertPool(),
-	}
-	cfg.ClientCAs.AddCert(clientCA.cert)
+	cfg, serverCA, otherCA := refusingMutualTLS(t)
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -1781,4 +1763,21 @@ func TestShutdownDuringAHandshakeIsNoFailedHandshake(t *testing.T) {
 			t.Errorf("TLSHandshakeErrors %d, log lines %d; want none", n, lines)
 		}
 	})
+}
+
+// refusingMutualTLS is a server config that requires a client certificate
+// from a CA of its own, its server's CA, and another CA, whose leaves it
+// refuses.
+func refusingMutualTLS(t *testing.T) (cfg *tls.Config, serverCA, otherCA *testCert) {
+	serverCA = issueTestCert(t, nil, newTestKey(t, "ec"), "server CA", true, nil, 0)
+	serverLeaf := issueTestCert(t, serverCA, newTestKey(t, "ec"), "server", false, []net.IP{net.IPv4(127, 0, 0, 1)}, x509.ExtKeyUsageServerAuth)
+	clientCA := issueTestCert(t, nil, newTestKey(t, "ec"), "client CA", true, nil, 0)
+	otherCA = issueTestCert(t, nil, newTestKey(t, "ec"), "other CA", true, nil, 0)
+	cfg = &tls.Config{
+		Certificates: []tls.Certificate{{Certificate: [][]byte{serverLeaf.cert.Raw}, PrivateKey: serverLeaf.key, Leaf: serverLeaf.cert}},
+		ClientAuth:   tls.RequireAndVerifyClientCert,
+		ClientCAs:    x509.NewCertPool(),
+	}
+	cfg.ClientCAs.AddCert(clientCA.cert)
+	return cfg, serverCA, otherCA
 }
