@@ -1439,21 +1439,22 @@ func countRecords(raw net.Conn, records *atomic.Int64) {
 	}
 }
 
-// holdAfterHello passes the first Write (the ClientHello) and keeps every
-// later one until flush, which writes it with extra in one Write: the
-// client's Finished and what follows arrive together.
+// holdAfterHello passes the ClientHello (the writes of plaintext handshake
+// records, type 22, before any other) and keeps every later write until
+// flush, which writes it with extra in one Write: the client's Finished
+// and what follows arrive together.
 type holdAfterHello struct {
 	net.Conn
-	mu     sync.Mutex
-	writes int
-	open   bool
-	buf    []byte
+	mu    sync.Mutex
+	hello bool // the ClientHello is passed
+	open  bool
+	buf   []byte
 }
 
 func (c *holdAfterHello) Write(b []byte) (int, error) {
 	c.mu.Lock()
-	c.writes++
-	if c.writes == 1 || c.open {
+	c.hello = c.hello || b[0] != 22
+	if !c.hello || c.open {
 		c.mu.Unlock()
 		return c.Conn.Write(b)
 	}

@@ -381,6 +381,7 @@ type recordConn struct {
 	readBy time.Time       // the read deadline
 	done   <-chan struct{} // Shutdown's start
 	units  int             // since the last take
+	read   int             // bytes
 	free   int             // units not to be charged
 	owed   int             // the handshake's units past its free ones, for run
 	header int             // bytes of the next record's header read so far
@@ -400,9 +401,11 @@ const maxHandshakeUnits = 1 << 10
 const maxReadAhead = 512
 
 // handshakeUnits are the units of a TLS handshake not charged to the rate,
-// with a KiB for each of the client's certificate chain, whatever records
-// used them (those sent with the Finished too). Then each read of the
-// ACQUIRE that returns bytes frees a unit: the record that brought them.
+// with a KiB for each KiB the client sent (a ClientHello or a certificate
+// chain of 64 KiB is honest: it is its records that may be a flood),
+// whatever records used them (those sent with the Finished too). Then each
+// read of the ACQUIRE that returns bytes frees a unit: the record that
+// brought them.
 const handshakeUnits = 32
 
 var errTooManyRecords = errors.New("more than 1024 TLS records, or KiB, in the handshake")
@@ -434,6 +437,7 @@ func (c *recordConn) Read(b []byte) (int, error) {
 		}
 	}
 	n, err := c.Conn.Read(b[:min(len(b), maxReadAhead)])
+	c.read += n
 	for p := b[:n]; len(p) > 0; {
 		if c.body > 0 {
 			k := min(c.body, len(p))
@@ -529,12 +533,8 @@ func (s *session) handshake() error {
 	cs := s.tls.ConnectionState()
 	s.identity = Identity(cs)
 	if m := s.meter(); m != nil {
-		chain := 0
-		for _, c := range cs.PeerCertificates {
-			chain += len(c.Raw)
-		}
-		m.free = handshakeUnits + chain>>10
-		m.owed = m.take()                     // at the lease's unit: a large ClientHello is no flood
+		m.free = handshakeUnits + m.read>>10
+		m.owed = m.take()                     // at the lease's unit
 		m.unit, m.done = floodPause, srv.done // the lease is not known yet
 	}
 	return nil

@@ -176,10 +176,14 @@ mutant tls-record-header-4 server.go 'TestKeyUpdateFloodIsHeldToTheRate|TestFloo
 mutant tls-extra-records-at-a-millisecond server.go 'TestTLSRecordsReadTogetherCostWhatTheyWouldApart' . \
   'cost = time.Duration(n-1+m.take()) * unit' \
   'k := m.take(); cost = time.Duration(n-1+min(k, 1))*unit + time.Duration(max(k-1, 0))*floodPause'
-# The client's certificate chain is charged: an honest client with a large one loses a short lease.
-mutant tls-client-chain-charged server.go 'TestLargeClientChainCostsAnHonestClientNothing' . \
-  'm.free = handshakeUnits + chain>>10' \
-  'm.free = handshakeUnits + chain>>20'
+# The bytes of the handshake are charged: an honest client with a large certificate chain or ClientHello loses a short lease.
+mutant tls-handshake-bytes-charged server.go 'TestLargeClientChainCostsAnHonestClientNothing|TestAHandshakeIsChargedItsRecordsNotItsBytes|TestShortLeaseHoldsOverTLS' . \
+  'm.free = handshakeUnits + m.read>>10' \
+  'm.free = handshakeUnits + m.read>>20'
+# The records of the handshake are free: a ClientHello split in many records is never charged.
+mutant tls-handshake-records-free server.go 'TestAHandshakeIsChargedItsRecordsNotItsBytes' . \
+  'm.free = handshakeUnits + m.read>>10' \
+  'm.free = handshakeUnits + m.units'
 # No bound on the records the handshake takes in.
 mutant tls-handshake-records-unbounded server.go 'TestAHandshakeOfManyRecordsEnds' . \
   'if c.units > maxHandshakeUnits {' \
@@ -202,7 +206,7 @@ mutant tls-two-accounts server.go 'TestARecordAndItsBytesShareOneRate' . \
   'm.unit = unit'
 # The handshake's records are charged to the first heartbeats.
 mutant tls-handshake-charged server.go 'TestFloodPauseOverTLS|TestShortLeaseHoldsOverTLS' . \
-  'm.free = handshakeUnits + chain>>10' \
+  'm.free = handshakeUnits + m.read>>10' \
   'm.free = 0'
 # The rate's wait for the rest of an ACQUIRE outlasts its io-timeout.
 mutant tls-acquire-wait-past-io-timeout server.go 'TestKeyUpdatesInsideTheAcquireMeetTheIOTimeout' . \
@@ -216,16 +220,16 @@ mutant tls-acquire-records-charged server.go 'TestAcquireARecordAByteIsAnsweredA
 mutant tls-acquire-free-a-byte server.go 'TestAConnectionsFreeRecordsDoNotGrowWithItsAcquire' . \
   $'if m := s.meter(); m != nil && n > 0 {\n\t\t\tm.free++' \
   $'if m := s.meter(); m != nil && n > 0 {\n\t\t\tm.free += n'
-# The handshake's units past its free ones are charged before the ACQUIRE's first read, at a millisecond: a large ClientHello loses a short lease.
-mutant tls-handshake-debt-in-the-acquire server.go 'TestShortLeaseHoldsOverTLS' . \
+# The handshake's units past its free ones are charged before the ACQUIRE's first read, at a millisecond, not after it at the lease's unit.
+mutant tls-handshake-debt-in-the-acquire server.go 'TestShortLeaseHoldsOverTLS|TestAHandshakeIsChargedItsRecordsNotItsBytes' . \
   'm.owed = m.take()' \
   'm.owed = 0'
 # The handshake's units past its free ones are forgiven.
-mutant tls-handshake-debt-forgiven server.go 'TestALargeClientHelloIsPaidForInRun' . \
+mutant tls-handshake-debt-forgiven server.go 'TestAHandshakeIsChargedItsRecordsNotItsBytes' . \
   'm.units, m.free = max(m.units-m.free+m.owed, 0), 0' \
   'm.units, m.free = max(m.units-m.free, 0), 0'
-# The free units left after the ACQUIRE do not pay what the handshake owes: an ACQUIRE sent with the Finished after a large ClientHello waits.
-mutant tls-acquire-free-not-against-the-debt server.go 'TestAcquireARecordAByteWithABigBufferCostsNothing' . \
+# The free units left after the ACQUIRE do not pay what the handshake owes: an ACQUIRE sent with the Finished pays for its records twice.
+mutant tls-acquire-free-not-against-the-debt server.go 'TestAcquireARecordAByteWithABigBufferCostsNothing|TestAHandshakeIsChargedItsRecordsNotItsBytes' . \
   'm.units, m.free = max(m.units-m.free+m.owed, 0), 0' \
   'm.units, m.free = max(m.units-m.free, 0)+m.owed, 0'
 # After Shutdown's start the records are read on, unpaced.
