@@ -381,17 +381,17 @@ type recordConn struct {
 	readBy time.Time       // the read deadline
 	done   <-chan struct{} // Shutdown's start
 	units  int             // since the last take
-	read   int             // bytes
 	free   int             // units not to be charged
-	owed   int             // the handshake's units past its free ones, for run
 	header int             // bytes of the next record's header read so far
 	length [2]byte
 	body   int // bytes of the current record still to come
 }
 
 // maxHandshakeUnits bounds what crypto/tls may take in during the handshake,
-// which is not paced: a handshake message split a byte a record would be
-// 65,536 records; an honest client sends a few.
+// which is neither paced nor charged: a handshake message split a byte a
+// record would be 65,536 records; an honest client sends a few, or a few
+// hundred (a ClientHello cut small to pass a censor). Charging the rest
+// to the session would only hurt a client that stays: a flooder redials.
 const maxHandshakeUnits = 1 << 10
 
 // maxReadAhead bounds a read from the network under crypto/tls, which
@@ -399,14 +399,6 @@ const maxHandshakeUnits = 1 << 10
 // paced: a buffer grown by a large ClientHello or record let one read
 // take in, and have answered, 650 KeyUpdates before any charge.
 const maxReadAhead = 512
-
-// handshakeUnits are the units of a TLS handshake not charged to the rate,
-// with a KiB for each KiB the client sent (a ClientHello or a certificate
-// chain of 64 KiB is honest: it is its records that may be a flood),
-// whatever records used them (those sent with the Finished too). Then each
-// read of the ACQUIRE that returns bytes frees a unit: the record that
-// brought them.
-const handshakeUnits = 32
 
 var errTooManyRecords = errors.New("more than 1024 TLS records, or KiB, in the handshake")
 
@@ -437,7 +429,6 @@ func (c *recordConn) Read(b []byte) (int, error) {
 		}
 	}
 	n, err := c.Conn.Read(b[:min(len(b), maxReadAhead)])
-	c.read += n
 	for p := b[:n]; len(p) > 0; {
 		if c.body > 0 {
 			k := min(c.body, len(p))
@@ -530,11 +521,9 @@ func (s *session) handshake() error {
 		}
 		return fmt.Errorf("TLS handshake: %w", err)
 	}
-	cs := s.tls.ConnectionState()
-	s.identity = Identity(cs)
+	s.identity = Identity(s.tls.ConnectionState())
 	if m := s.meter(); m != nil {
-		m.free = handshakeUnits + m.read>>10
-		m.owed = m.take()                     // at the lease's unit
+		m.units = 0                           // bounded, not charged (maxHandshakeUnits)
 		m.unit, m.done = floodPause, srv.done // the lease is not known yet
 	}
 	return nil
@@ -632,13 +621,13 @@ func (s *session) run(deadline time.Time) {
 	srv := s.srv
 	unit := min(floodPause, s.lease/4)
 	// The account goes on at the lease's unit: the ACQUIRE was paced as it
-	// was read, at a millisecond, but for the handshake's debt, owed from
-	// here. Free units left pay it first; then they are not carried.
+	// was read, at a millisecond. Free units left pay for what it read
+	// ahead; then they are not carried.
 	acct := new(rate)
 	m := s.meter()
 	if m != nil {
 		acct, m.unit = &m.rate, unit
-		m.units, m.free = max(m.units-m.free+m.owed, 0), 0
+		m.units, m.free = max(m.units-m.free, 0), 0
 	}
 	for {
 		var cost time.Duration // of this read, against the rate

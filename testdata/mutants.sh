@@ -176,14 +176,14 @@ mutant tls-record-header-4 server.go 'TestKeyUpdateFloodIsHeldToTheRate|TestFloo
 mutant tls-extra-records-at-a-millisecond server.go 'TestTLSRecordsReadTogetherCostWhatTheyWouldApart' . \
   'cost = time.Duration(n-1+m.take()) * unit' \
   'k := m.take(); cost = time.Duration(n-1+min(k, 1))*unit + time.Duration(max(k-1, 0))*floodPause'
-# The bytes of the handshake are charged: an honest client with a large certificate chain or ClientHello loses a short lease.
-mutant tls-handshake-bytes-charged server.go 'TestLargeClientChainCostsAnHonestClientNothing|TestAHandshakeIsChargedItsRecordsNotItsBytes|TestShortLeaseHoldsOverTLS' . \
-  'm.free = handshakeUnits + m.read>>10' \
-  'm.free = handshakeUnits + m.read>>20'
-# The records of the handshake are free: a ClientHello split in many records is never charged.
-mutant tls-handshake-records-free server.go 'TestAHandshakeIsChargedItsRecordsNotItsBytes' . \
-  'm.free = handshakeUnits + m.read>>10' \
-  'm.free = handshakeUnits + m.units'
+# The handshake's units are charged, at a millisecond before the ACQUIRE's first read: an honest client with a large certificate chain or ClientHello, or one cut into small records, loses a short lease.
+mutant tls-handshake-charged-in-the-acquire server.go 'TestLargeClientChainCostsAnHonestClientNothing|TestAHandshakeIsNotChargedToItsSession|TestShortLeaseHoldsOverTLS' . \
+  'm.units = 0                           // bounded, not charged (maxHandshakeUnits)' \
+  '// charged'
+# The handshake's units, not charged, are credit: a handshake leaves units free (32, as once).
+mutant tls-handshake-leaves-units-free server.go 'TestAConnectionsFreeRecordsDoNotGrowWithItsAcquire|TestTLSBurstIsTheDocumentedOne|TestTLSBurstAtMost' . \
+  'm.units = 0                           // bounded, not charged (maxHandshakeUnits)' \
+  'm.units, m.free = 0, 32'
 # No bound on the records the handshake takes in.
 mutant tls-handshake-records-unbounded server.go 'TestAHandshakeOfManyRecordsEnds' . \
   'if c.units > maxHandshakeUnits {' \
@@ -204,10 +204,6 @@ mutant tls-run-records-charged-a-read server.go 'TestAFragmentedHandshakeMessage
 mutant tls-two-accounts server.go 'TestARecordAndItsBytesShareOneRate' . \
   'acct, m.unit = &m.rate, unit' \
   'm.unit = unit'
-# The handshake's records are charged to the first heartbeats.
-mutant tls-handshake-charged server.go 'TestFloodPauseOverTLS|TestShortLeaseHoldsOverTLS' . \
-  'm.free = handshakeUnits + m.read>>10' \
-  'm.free = 0'
 # The rate's wait for the rest of an ACQUIRE outlasts its io-timeout.
 mutant tls-acquire-wait-past-io-timeout server.go 'TestKeyUpdatesInsideTheAcquireMeetTheIOTimeout' . \
   $'c.readBy = t\n\treturn c.Conn.SetDeadline(t)' \
@@ -220,18 +216,10 @@ mutant tls-acquire-records-charged server.go 'TestAcquireARecordAByteIsAnsweredA
 mutant tls-acquire-free-a-byte server.go 'TestAConnectionsFreeRecordsDoNotGrowWithItsAcquire' . \
   $'if m := s.meter(); m != nil && n > 0 {\n\t\t\tm.free++' \
   $'if m := s.meter(); m != nil && n > 0 {\n\t\t\tm.free += n'
-# The handshake's units past its free ones are charged before the ACQUIRE's first read, at a millisecond, not after it at the lease's unit.
-mutant tls-handshake-debt-in-the-acquire server.go 'TestShortLeaseHoldsOverTLS|TestAHandshakeIsChargedItsRecordsNotItsBytes' . \
-  'm.owed = m.take()' \
-  'm.owed = 0'
-# The handshake's units past its free ones are forgiven.
-mutant tls-handshake-debt-forgiven server.go 'TestAHandshakeIsChargedItsRecordsNotItsBytes' . \
-  'm.units, m.free = max(m.units-m.free+m.owed, 0), 0' \
-  'm.units, m.free = max(m.units-m.free, 0), 0'
-# The free units left after the ACQUIRE do not pay what the handshake owes: an ACQUIRE sent with the Finished pays for its records twice.
-mutant tls-acquire-free-not-against-the-debt server.go 'TestAcquireARecordAByteWithABigBufferCostsNothing|TestAHandshakeIsChargedItsRecordsNotItsBytes' . \
-  'm.units, m.free = max(m.units-m.free+m.owed, 0), 0' \
-  'm.units, m.free = max(m.units-m.free, 0)+m.owed, 0'
+# The free units left after the ACQUIRE do not pay for what its reads took in ahead: an ACQUIRE's records, read together, are charged.
+mutant tls-acquire-free-left-unused server.go 'TestAcquireARecordAByteWithABigBufferCostsNothing|TestAHandshakeIsNotChargedToItsSession|TestShortLeaseHoldsOverTLS' . \
+  'm.units, m.free = max(m.units-m.free, 0), 0' \
+  'm.free = 0'
 # After Shutdown's start the records are read on, unpaced.
 mutant tls-reads-on-after-shutdown server.go 'TestShutdownEndsTheReadsOfASessionItStopped' . \
   $'case <-c.done: // Shutdown has ended the session, and no longer paces it\n\t\t\treturn 0, net.ErrClosed' \
@@ -241,9 +229,9 @@ mutant tls-run-unit-not-the-leases server.go 'TestShortLeaseHoldsOverTLS|TestAcq
   'acct, m.unit = &m.rate, unit' \
   'acct, m.unit = &m.rate, floodPause'
 # The free units left after the ACQUIRE are carried into run.
-mutant tls-free-carried-into-run server.go 'TestFloodPauseOverTLS' . \
-  'm.units, m.free = max(m.units-m.free+m.owed, 0), 0' \
-  'm.units += m.owed'
+mutant tls-free-carried-into-run server.go 'TestFloodPauseOverTLS|TestAnAcquiresFreeUnitsEndWithIt' . \
+  'm.units, m.free = max(m.units-m.free, 0), 0' \
+  'm.units += 0'
 # A read from the network under crypto/tls takes all there is: KeyUpdates read ahead in the ACQUIRE are answered before any charge.
 mutant tls-read-ahead-unbounded server.go 'TestKeyUpdatesReadAheadInTheAcquireArePaced|TestKeyUpdatesBehindAPaddedRecordArePaidFor' . \
   'n, err := c.Conn.Read(b[:min(len(b), maxReadAhead)])' \
