@@ -27,6 +27,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -182,6 +183,36 @@ func dialRaw(t testing.TB, addr string) *raw {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.Close() })
+	return &raw{t: t, Conn: c}
+}
+
+// dialRawNarrow is dialRaw with a receive buffer of n bytes set before
+// the connect, where the platform allows it (setReceiveBuffer), else
+// after. Set after the connect (SetReadBuffer), the window the handshake
+// advertised, 64 KiB, stays, and the server's kernel queues up to some
+// 34 KB for a client that never reads, past a send buffer of 8 KiB (seen
+// on Linux): at the flood rate's thousand answers a second, the server's
+// write to it blocks only after 35 s, not after a few.
+func dialRawNarrow(t testing.TB, addr string, n int) *raw {
+	t.Helper()
+	d := net.Dialer{Timeout: wait, Control: func(_, _ string, rc syscall.RawConn) error {
+		if setReceiveBuffer == nil {
+			return nil
+		}
+		var err error
+		if cerr := rc.Control(func(fd uintptr) { err = setReceiveBuffer(fd, n) }); cerr != nil {
+			return cerr
+		}
+		return err
+	}}
+	c, err := d.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	if setReceiveBuffer == nil {
+		c.(*net.TCPConn).SetReadBuffer(n)
+	}
 	return &raw{t: t, Conn: c}
 }
 
@@ -389,7 +420,13 @@ func stuckHolder(t *testing.T, l *watchedListener, name string) *raw {
 // waitFor polls cond until it holds, failing the test after wait.
 func waitFor(t testing.TB, what string, cond func() bool) {
 	t.Helper()
-	for deadline := time.Now().Add(wait); !cond(); time.Sleep(time.Millisecond) {
+	waitForWithin(t, wait, what, cond)
+}
+
+// waitForWithin is waitFor for something that takes time, bounded by d.
+func waitForWithin(t testing.TB, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(d); !cond(); time.Sleep(time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatalf("gave up waiting for %s", what)
 		}

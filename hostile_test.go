@@ -135,8 +135,7 @@ func TestBlockedPromotionPushDelaysNobody(t *testing.T) {
 	holder.send(acquire("promo", time.Minute))
 	holder.expectAcquired()
 
-	waiter := dialRaw(t, addr)
-	waiter.Conn.(*net.TCPConn).SetReadBuffer(1024)
+	waiter := dialRawNarrow(t, addr, 1024)
 	waiter.send(acquire("promo", time.Minute))
 	waiter.expectWaiting()
 	flooding := make(chan struct{})
@@ -157,8 +156,12 @@ func TestBlockedPromotionPushDelaysNobody(t *testing.T) {
 			t.Errorf("the flooding writer did not stop within %v of its connection's close", wait)
 		}
 	})
+	// The server answers the flood at its rate, a thousand a second at
+	// most, a WAITING a byte: its write blocks once its send buffer (8 KiB)
+	// and the waiter's receive buffer are full, some 9 KB, 9 s, or more
+	// if the machine is loaded, which the rate does not make up for.
 	client := waiter.LocalAddr().String()
-	waitFor(t, "a blocked write to the waiter that never reads", func() bool {
+	waitForWithin(t, 30*time.Second, "a blocked write to the waiter that never reads", func() bool {
 		return l.blockedFor(client) > 500*time.Millisecond
 	})
 
