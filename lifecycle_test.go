@@ -3674,7 +3674,7 @@ func TestPushUnreadByAClientThatHeartbeatsKeepsTheIOTimeout(t *testing.T) {
 // lease of 40 ms, a loaded machine (go test -race beside other tests on 2
 // cores) now and then stalled the client's heartbeat for 40 to 110 ms,
 // and the server rightly ended W as expired.
-func TestLeaseWatchKeepsASlowReaderThatHeartbeats(t *testing.T) {
+func TestASlowTLSReaderThatHeartbeatsKeepsItsLease(t *testing.T) {
 	const lease, ioTimeout = 40 * time.Millisecond, 5 * time.Second
 	for _, version := range []uint16{tls.VersionTLS12, tls.VersionTLS13} {
 		t.Run(fmt.Sprintf("TLS %x", version), func(t *testing.T) {
