@@ -1509,6 +1509,34 @@ func (c *holdAfterHello) flush(extra []byte) error {
 	return err
 }
 
+// held takes the client's held last flight (its CCS and Finished) out of
+// c, unsent, and lets later writes through.
+func (c *holdAfterHello) held() []byte {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	b := c.buf
+	c.buf, c.open = nil, true
+	return b
+}
+
+// fillRecords appends records made by rec to a until it is size bytes
+// long; the last may be cut after its header (its units are counted with
+// the header), and its rest, or all of it, is returned; n counts the
+// records made.
+func fillRecords(a []byte, size int, rec func() []byte) (out, rest []byte, n int) {
+	for len(a) < size {
+		r := rec()
+		if k := size - len(a); len(r) > k {
+			if k < 5 { // its header would be cut: it goes after
+				return a, r, n + 1
+			}
+			return append(a, r[:k]...), r[k:], n + 1
+		}
+		a, n = append(a, r...), n+1
+	}
+	return a, nil, n
+}
+
 // alpnPadding is a NextProtos list of n protocols of 255 bytes: a
 // ClientHello of about n/4 KiB, which crypto/tls's read buffer grows to fit.
 func alpnPadding(n int) []string {

@@ -388,7 +388,8 @@ type recordConn struct {
 }
 
 // maxHandshakeUnits bounds what crypto/tls may take in during the handshake,
-// which is neither paced nor charged: a handshake message split a byte a
+// which is neither paced nor charged (but for the whole KiB still to come
+// of a record whose header it took in): a handshake message split a byte a
 // record would be 65,536 records; an honest client sends a few, or a few
 // hundred (a ClientHello cut small to pass a censor). Charging the rest
 // to the session would only hurt a client that stays: a flooder redials.
@@ -523,7 +524,7 @@ func (s *session) handshake() error {
 	}
 	s.identity = Identity(s.tls.ConnectionState())
 	if m := s.meter(); m != nil {
-		m.units = 0                           // bounded, not charged (maxHandshakeUnits)
+		m.units = m.body >> 10                // the rest of a record begun is charged
 		m.unit, m.done = floodPause, srv.done // the lease is not known yet
 	}
 	return nil

@@ -178,11 +178,15 @@ mutant tls-extra-records-at-a-millisecond server.go 'TestTLSRecordsReadTogetherC
   'k := m.take(); cost = time.Duration(n-1+min(k, 1))*unit + time.Duration(max(k-1, 0))*floodPause'
 # The handshake's units are charged, at a millisecond before the ACQUIRE's first read: an honest client with a large certificate chain or ClientHello, or one cut into small records, loses a short lease.
 mutant tls-handshake-charged-in-the-acquire server.go 'TestLargeClientChainCostsAnHonestClientNothing|TestAHandshakeIsNotChargedToItsSession|TestShortLeaseHoldsOverTLS' . \
-  'm.units = 0                           // bounded, not charged (maxHandshakeUnits)' \
+  'm.units = m.body >> 10                // the rest of a record begun is charged' \
   '// charged'
+# The rest of a record whose header came with the Finished goes uncharged with the handshake: up to 16 KiB decrypted free.
+mutant tls-record-begun-with-the-finished-free server.go 'TestARecordBegunWithTheFinishedIsCharged' . \
+  'm.units = m.body >> 10                // the rest of a record begun is charged' \
+  'm.units = 0'
 # The handshake's units, not charged, are credit: a handshake leaves units free (32, as once).
 mutant tls-handshake-leaves-units-free server.go 'TestAConnectionsFreeRecordsDoNotGrowWithItsAcquire|TestTLSBurstIsTheDocumentedOne|TestTLSBurstAtMost' . \
-  'm.units = 0                           // bounded, not charged (maxHandshakeUnits)' \
+  'm.units = m.body >> 10                // the rest of a record begun is charged' \
   'm.units, m.free = 0, 32'
 # No bound on the records the handshake takes in.
 mutant tls-handshake-records-unbounded server.go 'TestAHandshakeOfManyRecordsEnds' . \
