@@ -606,6 +606,7 @@ func TestARecordAndItsBytesShareOneRate(t *testing.T) {
 // connection (a short lease ends at its lease instead, the rate's wait
 // running past it). Fake time.
 func TestKeyUpdateFloodIsHeldToTheRate(t *testing.T) {
+	t.Parallel() // fake time only: its CPU, not the clock, is shared
 	ku := keyUpdateRequested
 	for _, lease := range []time.Duration{time.Millisecond, 4 * time.Millisecond, 16 * time.Millisecond, 67 * time.Millisecond, time.Minute} {
 		for _, shape := range []string{"whole", "split", "padded"} {
@@ -719,6 +720,7 @@ func TestKeyUpdatesInsideTheAcquireAreHeldToTheRate(t *testing.T) {
 // charged, and leaves none free. Fake time: at once is at the instant
 // the records are sent; then 100 ms pay for about as many.
 func TestAConnectionsFreeRecordsDoNotGrowWithItsAcquire(t *testing.T) {
+	t.Parallel() // fake time only: its CPU, not the clock, is shared
 	for _, name := range []string{"x", strings.Repeat("n", MaxNameLen)} {
 		for _, valid := range []bool{false, true} {
 			for _, c := range []struct{ chunk, hello int }{ // bytes a record of the ACQUIRE, of the ClientHello (0: one record)
@@ -773,6 +775,7 @@ func TestAConnectionsFreeRecordsDoNotGrowWithItsAcquire(t *testing.T) {
 // charged (the break-review of c624088). Reads from the network under
 // crypto/tls now take 512 bytes at most. Fake time.
 func TestKeyUpdatesReadAheadInTheAcquireArePaced(t *testing.T) {
+	t.Parallel() // fake time only: its CPU, not the clock, is shared
 	for _, c := range []struct {
 		how   string
 		alpn  int
@@ -825,6 +828,7 @@ func TestKeyUpdatesReadAheadInTheAcquireArePaced(t *testing.T) {
 // had answered by its end is what the time it lasted paid for, a
 // millisecond each, but the free (the same review: 369 more). Fake time.
 func TestKeyUpdatesBehindAPaddedRecordArePaidFor(t *testing.T) {
+	t.Parallel() // fake time only: its CPU, not the clock, is shared
 	for _, nameLen := range []int{1, 20, 40, 60} {
 		t.Run(fmt.Sprintf("name %d", nameLen), func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
@@ -865,6 +869,7 @@ func TestKeyUpdatesBehindAPaddedRecordArePaidFor(t *testing.T) {
 // Finished or after it, then heartbeats every lease/4 with a lease of 1 or
 // 4 ms, never waits (the break-review of c624088, which held). Fake time.
 func TestAcquireARecordAByteWithABigBufferCostsNothing(t *testing.T) {
+	t.Parallel() // fake time only: its CPU, not the clock, is shared
 	for _, withFinished := range []bool{false, true} {
 		for _, lease := range []time.Duration{time.Millisecond, 4 * time.Millisecond} {
 			t.Run(fmt.Sprintf("with Finished %v/lease %v", withFinished, lease), func(t *testing.T) {
@@ -998,6 +1003,7 @@ func TestRecordsSentWithTheFinishedAreCharged(t *testing.T) {
 // tried after the break-review of NewTLSListener, ended a client at that
 // pace whose records came two in one read (its break-review). Fake time.
 func TestShortLeaseFloodIsHeldToTheRate(t *testing.T) {
+	t.Parallel() // fake time only: its CPU, not the clock, is shared
 	for _, c := range []struct {
 		lease, every time.Duration
 		kus          int
@@ -1042,6 +1048,7 @@ func TestShortLeaseFloodIsHeldToTheRate(t *testing.T) {
 // each ended such a client with a lease of 1 to 2 ms: the break-review of
 // bd8f824). Fake time.
 func TestTLSRecordsReadTogetherCostWhatTheyWouldApart(t *testing.T) {
+	t.Parallel() // fake time only: its CPU, not the clock, is shared
 	for _, lease := range []time.Duration{time.Millisecond, 2 * time.Millisecond, 4 * time.Millisecond} {
 		for _, group := range []int{2, 3} {
 			t.Run(fmt.Sprintf("lease %v/%d in one read", lease, group), func(t *testing.T) {
@@ -1086,6 +1093,7 @@ func TestTLSRecordsReadTogetherCostWhatTheyWouldApart(t *testing.T) {
 // lease of 1 ms after one heartbeat from 2 records, of 2 ms from 5: the
 // fresh review of the TLS rate). Fake time: exact.
 func TestAcquireInSeveralTLSRecordsCostsAnHonestClientNothing(t *testing.T) {
+	t.Parallel() // fake time only: its CPU, not the clock, is shared
 	for _, overTLS := range []bool{false, true} {
 		for _, lease := range []time.Duration{time.Millisecond, 2 * time.Millisecond, 4 * time.Millisecond, 16 * time.Millisecond} {
 			for _, parts := range []int{1, 2, 3, 5, 9} {
@@ -1123,7 +1131,8 @@ func TestAcquireInSeveralTLSRecordsCostsAnHonestClientNothing(t *testing.T) {
 						u := lease / 4
 						var maxWait time.Duration
 						beats := 0
-						stop := time.Now().Add(time.Second)
+						const window = 250 * time.Millisecond // a thousand heartbeats at a lease of 1 ms
+						stop := time.Now().Add(window)
 						for time.Now().Before(stop) {
 							time.Sleep(time.Until(sent.Add(u)))
 							sent = time.Now()
@@ -1133,7 +1142,7 @@ func TestAcquireInSeveralTLSRecordsCostsAnHonestClientNothing(t *testing.T) {
 							}
 							c.SetReadDeadline(sent.Add(lease))
 							if _, err := ReadFrame(c); err != nil {
-								t.Errorf("%s: lease lost after %d heartbeats (%v after the ACQUIRED); max wait for a reply %v: %v", name, beats, time.Since(stop.Add(-time.Second)), maxWait, err)
+								t.Errorf("%s: lease lost after %d heartbeats (%v after the ACQUIRED); max wait for a reply %v: %v", name, beats, time.Since(stop.Add(-window)), maxWait, err)
 								return
 							}
 							maxWait = max(maxWait, time.Since(sent))
@@ -1159,6 +1168,7 @@ func TestAcquireInSeveralTLSRecordsCostsAnHonestClientNothing(t *testing.T) {
 // of 10 ms for a name of 8 bytes: the break-review of the TLS rate).
 // Fake time: exact.
 func TestAcquireARecordAByteIsAnsweredAtOnce(t *testing.T) {
+	t.Parallel() // fake time only: its CPU, not the clock, is shared
 	for _, name := range []string{"x", "lockname", strings.Repeat("n", MaxNameLen)} {
 		for _, io := range []time.Duration{0, 10 * time.Millisecond} {
 			for _, how := range []string{"tcp", "tls, one by one", "tls, together"} {
@@ -1548,9 +1558,11 @@ func TestARecordBegunWithTheFinishedIsCharged(t *testing.T) {
 // delayed its ACQUIRED by up to 3 ms and lost leases of 1 and 2 ms: the
 // break-review of 867fc64; owed at the lease's unit from run on, they
 // lost leases of 1 ms from 34 KB on, and at 64 KB of up to 40 ms: that of
-// d5f895f). Fake time: the ACQUIRED at once, a second of heartbeats,
-// none lost.
+// d5f895f). Fake time: the ACQUIRED at once, a quarter of a second of
+// heartbeats (a thousand at a lease of 1 ms), none lost.
 func TestShortLeaseHoldsOverTLS(t *testing.T) {
+	t.Parallel() // fake time only: its CPU, not the clock, is shared
+	const window = 250 * time.Millisecond
 	for _, c := range []struct {
 		lease time.Duration
 		slow  bool // each server write takes 0.3 of the lease
@@ -1603,13 +1615,13 @@ func TestShortLeaseHoldsOverTLS(t *testing.T) {
 				select {
 				case <-lk.Done():
 					t.Fatalf("lost after %d heartbeats: %v", srv.Stats().Heartbeats, lk.Err())
-				case <-time.After(time.Second):
+				case <-time.After(window):
 				}
 				if err := lk.Release(); err != nil {
 					t.Errorf("Release = %v, want nil: the lock was held throughout", err)
 				}
-				if hb, want := srv.Stats().Heartbeats, uint64(time.Second/max(lease/4, w)); hb < want*9/10 {
-					t.Errorf("%d heartbeats answered in a second, want about %d", hb, want)
+				if hb, want := srv.Stats().Heartbeats, uint64(window/max(lease/4, w)); hb < want*9/10 {
+					t.Errorf("%d heartbeats answered in %v, want about %d", hb, window, want)
 				}
 			})
 		})
@@ -1630,7 +1642,9 @@ func TestShortLeaseHoldsOverTLS(t *testing.T) {
 // What is not charged is no credit either:
 // TestAConnectionsFreeRecordsDoNotGrowWithItsAcquire. Fake time.
 func TestAHandshakeIsNotChargedToItsSession(t *testing.T) {
-	for _, c := range []struct{ alpn, split int }{ // ALPN names of 255 bytes; ClientHello bytes a record, 0 as crypto/tls sends it
+	t.Parallel() // fake time only: its CPU, not the clock, is shared
+	// ALPN names of 255 bytes; ClientHello bytes a record, 0 as crypto/tls sends it
+	for _, c := range []struct{ alpn, split int }{
 		{250, 0}, {250, 1023}, {0, 16}, {0, 3}, {0, 2},
 	} {
 		t.Run(fmt.Sprintf("alpn %d/split %d", c.alpn, c.split), func(t *testing.T) {

@@ -880,6 +880,7 @@ func checkEvents(events []Event, forced []huntForce) error {
 // is the runtime's). MONOLOCK_HUNT_SEEDS=N runs seeds 0 to N-1,
 // MONOLOCK_HUNT_SEED=S only S.
 func TestClientRaceHunt(t *testing.T) {
+	t.Parallel() // fake time only: its CPU, not the clock, is shared
 	first, n := doHuntSeeds(40)
 	var total huntStats
 	for seed := first; seed < first+n; seed++ {

@@ -1645,6 +1645,7 @@ func (c *splitFlightConn) Write(b []byte) (int, error) {
 // for 5 s on bd72561, through NewTLSListener; the docs: "held up to the
 // io-timeout", "its handshake bounded by the io-timeout").
 func TestAStalledTLSHandshakeEndsAtItsIOTimeout(t *testing.T) {
+	t.Parallel() // fake time only: its CPU, not the clock, is shared
 	for _, metered := range []bool{false, true} {
 		for _, stall := range []string{"silent", "half a ClientHello", "garbage 1ms before the io-timeout"} {
 			for _, io := range []time.Duration{10 * time.Millisecond, 100 * time.Millisecond, 5 * time.Second} {
