@@ -417,6 +417,28 @@ func stuckHolder(t *testing.T, l *watchedListener, name string) *raw {
 	return c
 }
 
+// shutdownAsync starts srv.Shutdown without a deadline; awaitShutdown
+// takes its result.
+func shutdownAsync(srv *Server) <-chan error {
+	shut := make(chan error, 1)
+	go func() { shut <- srv.Shutdown(context.Background()) }()
+	return shut
+}
+
+// awaitShutdown fails the test if Shutdown returned an error, or had not
+// returned within a minute (of fake time, in a bubble).
+func awaitShutdown(t testing.TB, shut <-chan error) {
+	t.Helper()
+	select {
+	case err := <-shut:
+		if err != nil {
+			t.Errorf("Shutdown: %v", err)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("Shutdown did not return within a minute")
+	}
+}
+
 // waitFor polls cond until it holds, failing the test after wait.
 func waitFor(t testing.TB, what string, cond func() bool) {
 	t.Helper()

@@ -201,18 +201,10 @@ func TestShutdownOverTLSReturnsAtTheIOTimeout(t *testing.T) {
 		time.Sleep(ioTimeout / 2)
 
 		start := time.Now()
-		shut := make(chan error, 1)
-		go func() { shut <- srv.Shutdown(context.Background()) }()
+		shut := shutdownAsync(srv)
 		time.Sleep(ioTimeout * 4 / 10) // 0.9 io-timeout after the reply's write began
 		mustRead(t, b, TypeAcquired)
-		select {
-		case err := <-shut:
-			if err != nil {
-				t.Errorf("Shutdown: %v", err)
-			}
-		case <-time.After(time.Minute):
-			t.Fatal("Shutdown did not return within a (fake) minute")
-		}
+		awaitShutdown(t, shut)
 		atInstant(t, "Shutdown returned", time.Since(start), ioTimeout)
 		if n := srv.Stats().Connections; n != 0 {
 			t.Errorf("Connections = %d after Shutdown, want 0", n)
@@ -362,20 +354,12 @@ func TestShutdownEndsTheReadsOfASessionItStopped(t *testing.T) {
 				}()
 				time.Sleep(100 * time.Millisecond)
 				before := sent.Load()
-				shut := make(chan error, 1)
-				go func() { shut <- srv.Shutdown(context.Background()) }()
+				shut := shutdownAsync(srv)
 				time.Sleep(time.Millisecond)
 				if n := sent.Load() - before; n > 25 {
 					t.Errorf("%d records (padded to %d) read in Shutdown's first millisecond; want a read's 23 at most", n, pad)
 				}
-				select {
-				case err := <-shut:
-					if err != nil {
-						t.Errorf("Shutdown = %v", err)
-					}
-				case <-time.After(time.Minute):
-					t.Fatal("Shutdown had not returned after a minute (io-timeout 5s)")
-				}
+				awaitShutdown(t, shut)
 			})
 		})
 	}
