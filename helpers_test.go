@@ -680,6 +680,25 @@ func (l *pipeListener) holder(t *testing.T, remote, name string) net.Conn {
 	return c
 }
 
+// waiter dials as remote and returns the client's end once it waits for
+// name under lease; the test's end closes it.
+func (l *pipeListener) waiter(t *testing.T, remote, name string, lease time.Duration) net.Conn {
+	c := l.dial(remote)
+	t.Cleanup(func() { c.Close() })
+	sendAcquire(t, c, name, lease)
+	mustRead(t, c, TypeWaiting)
+	return c
+}
+
+// tlsClient dials as remote over TLS at version (0: Go's default range),
+// the server's end metered as through NewTLSListener, and returns the
+// client's TLS end and the pipe under it.
+func (l *pipeListener) tlsClient(t *testing.T, remote string, version uint16) (*tls.Conn, net.Conn) {
+	client, server := net.Pipe()
+	l.acceptTLS(t, namedConn{server, pipeAddr(remote)})
+	return tls.Client(client, &tls.Config{InsecureSkipVerify: true, MinVersion: version, MaxVersion: version}), client
+}
+
 // acceptTLS has the server accept server, its end of a pipe, under TLS
 // with a self-signed certificate.
 func (l *pipeListener) acceptTLS(t *testing.T, server net.Conn) {

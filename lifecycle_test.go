@@ -3590,25 +3590,17 @@ func TestPushUnreadByAClientThatHeartbeatsKeepsTheIOTimeout(t *testing.T) {
 		t.Run(fmt.Sprintf("TLS %x", version), func(t *testing.T) {
 			srv := &Server{IOTimeout: ioTimeout}
 			l := servePipe(t, srv)
-			h := l.dial("H")
-			defer h.Close()
-			sendAcquire(t, h, "x", time.Minute)
-			mustRead(t, h, TypeAcquired)
+			h := l.holder(t, "H", "x")
 			var w net.Conn
 			if version == 0 {
 				w = l.dial("W")
 			} else {
-				client, server := net.Pipe()
-				l.acceptTLS(t, namedConn{server, "W"})
-				w = tls.Client(client, &tls.Config{InsecureSkipVerify: true, MinVersion: version, MaxVersion: version})
+				w, _ = l.tlsClient(t, "W", version)
 			}
 			defer w.Close()
 			sendAcquire(t, w, "x", lease)
 			mustRead(t, w, TypeWaiting)
-			x := l.dial("X")
-			defer x.Close()
-			sendAcquire(t, x, "x", time.Minute)
-			mustRead(t, x, TypeWaiting)
+			x := l.waiter(t, "X", "x", time.Minute)
 
 			time.Sleep(20 * time.Millisecond) // W's goroutine is back in its read: the push is another's
 			h.Close()                         // W is promoted; it reads nothing for 700ms
@@ -3665,20 +3657,12 @@ func TestASlowTLSReaderThatHeartbeatsKeepsItsLease(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				srv := &Server{IOTimeout: ioTimeout}
 				l := serveFake(t, srv)
-				h := l.dial("H")
-				defer h.Close()
-				sendAcquire(t, h, "x", time.Minute)
-				mustRead(t, h, TypeAcquired)
-				client, server := net.Pipe()
-				l.acceptTLS(t, namedConn{server, "W"})
-				w := tls.Client(client, &tls.Config{InsecureSkipVerify: true, MinVersion: version, MaxVersion: version})
+				h := l.holder(t, "H", "x")
+				w, client := l.tlsClient(t, "W", version)
 				defer w.Close()
 				sendAcquire(t, w, "x", lease)
 				mustRead(t, w, TypeWaiting)
-				x := l.dial("X")
-				defer x.Close()
-				sendAcquire(t, x, "x", time.Minute)
-				mustRead(t, x, TypeWaiting)
+				l.waiter(t, "X", "x", time.Minute)
 				time.Sleep(10 * time.Millisecond)
 
 				var readErr atomic.Value
@@ -3732,13 +3716,8 @@ func TestCloseWithTheLeaseWatchArmed(t *testing.T) {
 			srv := &Server{IOTimeout: 5 * time.Second}
 			l := newPipeListener()
 			go srv.Serve(l)
-			h := l.dial("H")
-			defer h.Close()
-			sendAcquire(t, h, "x", time.Minute)
-			mustRead(t, h, TypeAcquired)
-			client, server := net.Pipe()
-			l.acceptTLS(t, namedConn{server, "W"})
-			w := tls.Client(client, &tls.Config{InsecureSkipVerify: true})
+			h := l.holder(t, "H", "x")
+			w, client := l.tlsClient(t, "W", 0)
 			defer w.Close()
 			sendAcquire(t, w, "x", lease)
 			mustRead(t, w, TypeWaiting)
@@ -4161,10 +4140,7 @@ func TestKeyUpdateStuckInAReadEndsAtTheLease(t *testing.T) {
 	const lease, ioTimeout = time.Second, 5 * time.Second
 	srv := &Server{IOTimeout: ioTimeout}
 	l := servePipe(t, srv)
-	h := l.dial("H")
-	defer h.Close()
-	sendAcquire(t, h, "x", time.Minute)
-	mustRead(t, h, TypeAcquired)
+	h := l.holder(t, "H", "x")
 
 	client, server := net.Pipe()
 	defer client.Close()
@@ -4173,10 +4149,7 @@ func TestKeyUpdateStuckInAReadEndsAtTheLease(t *testing.T) {
 	sendAcquire(t, w, "x", lease)
 	s.seq = 1 // the ACQUIRE was the first record
 	mustRead(t, w, TypeWaiting)
-	x := l.dial("X")
-	defer x.Close()
-	sendAcquire(t, x, "x", time.Minute)
-	mustRead(t, x, TypeWaiting)
+	x := l.waiter(t, "X", "x", time.Minute)
 
 	client.SetWriteDeadline(time.Now().Add(wait))
 	if _, err := client.Write(s.keyUpdates(1)); err != nil { // then W is silent
