@@ -3470,6 +3470,53 @@ func TestLeaseEndCutInsideAFrameClosesAtOnce(t *testing.T) {
 	})
 }
 
+// Rule 5 over TLS: a push taken before an administrator's end or
+// Shutdown, and held back by crypto/tls behind its own answer to a
+// KeyUpdate inside the session's read (W asks for one and stops reading),
+// is never written: W reads no ACQUIRED after ForceRelease returned and X
+// was granted, nor after Shutdown began, however long it waits to read.
+// A sealed record cannot be skipped, so W loses its ERROR with it. (The
+// fresh review of 2026-12-03: W read the stale ACQUIRED, then the ERROR,
+// a second after the end: 20 of 20.)
+func TestAPushHeldBackByTLSPastTheEndIsNeverWritten(t *testing.T) {
+	for _, end := range []string{"force release", "shutdown"} {
+		t.Run(end, func(t *testing.T) {
+			srv := &Server{IOTimeout: 3 * time.Second}
+			l := servePipe(t, srv)
+			h := l.holder(t, "H", "x")
+			raw, server := net.Pipe()
+			defer raw.Close()
+			l.acceptTLS(t, namedConn{server, "W"})
+			w, s := handshakeTLS13(t, raw)
+			sendAcquire(t, w, "x", time.Hour)
+			s.seq = 1 // the ACQUIRE was the first record
+			mustRead(t, w, TypeWaiting)
+			if _, err := raw.Write(s.keyUpdates(1)); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(50 * time.Millisecond) // the server's read writes the answer, which W does not read
+			h.Close()                         // W is promoted: its push waits behind that answer
+			waitFor(t, "W's promotion", func() bool { return holderOf(srv, "x") == "W" })
+			time.Sleep(50 * time.Millisecond)
+			var shut <-chan error
+			if end == "shutdown" {
+				shut = shutdownAsync(srv)
+			} else if _, err := srv.ForceRelease("x", 0); err != nil {
+				t.Fatal(err)
+			} else {
+				l.holder(t, "X", "x")
+			}
+			time.Sleep(time.Second) // W still does not read
+			if got := readRest(w); slices.ContainsFunc(got, func(f Frame) bool { return f.Type == TypeAcquired }) {
+				t.Errorf("W, its push held back by TLS, read %s a second after the %s; want no ACQUIRED", showFrames(got), end)
+			}
+			if shut != nil {
+				awaitShutdown(t, shut)
+			}
+		})
+	}
+}
+
 // Over TLS, 1.2 and 1.3, a record that makes the TLS layer answer (here
 // one that fails to decrypt: an alert) leaves the session's read waiting
 // inside the push under way, its lease's read deadline with it. The

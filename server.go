@@ -36,7 +36,8 @@ import (
 //     not yet taken, unless the session's own bad frame ended it.
 //  5. After a drop no write begins but the final ERROR and, before it, the
 //     rest of a cut frame: dropLocked sets a past write deadline, and
-//     drainLocked checks stopped after its own.
+//     drainLocked checks stopped after its own, and over a NewTLSListener's
+//     connection recordConn.Write as each record goes out.
 //  6. heartbeatLocked decides one read's bytes together, in the critical
 //     section that ends the session if one is bad.
 //  7. promoteLocked grants only a waiter whose lease has not passed.
@@ -385,6 +386,13 @@ type recordConn struct {
 	header int             // bytes of the next record's header read so far
 	length [2]byte
 	body   int // bytes of the current record still to come
+
+	// While a write taken before the session's drop is under way, a record
+	// crypto/tls writes after the drop is refused (rule 5): crypto/tls may
+	// hold the write back behind its own answer to a KeyUpdate inside the
+	// read for an io-timeout, and sealed, the record cannot be skipped.
+	undropped atomic.Bool
+	dropped   *atomic.Bool // the session's stopped
 }
 
 // maxHandshakeUnits bounds what crypto/tls may take in during the handshake,
@@ -401,7 +409,17 @@ const maxHandshakeUnits = 1 << 10
 // take in, and have answered, 650 KeyUpdates before any charge.
 const maxReadAhead = 512
 
-var errTooManyRecords = errors.New("more than 1024 TLS records, or KiB, in the handshake")
+var (
+	errTooManyRecords = errors.New("more than 1024 TLS records, or KiB, in the handshake")
+	errDropped        = errors.New("a write held back by crypto/tls past the session's end")
+)
+
+func (c *recordConn) Write(b []byte) (int, error) {
+	if c.undropped.Load() && c.dropped.Load() {
+		return 0, errDropped
+	}
+	return c.Conn.Write(b)
+}
 
 func (c *recordConn) SetDeadline(t time.Time) error {
 	c.readBy = t
@@ -526,6 +544,7 @@ func (s *session) handshake() error {
 	if m := s.meter(); m != nil {
 		m.units = m.body >> 10                // the rest of a record begun is charged
 		m.unit, m.done = floodPause, srv.done // the lease is not known yet
+		m.dropped = &s.stopped                // before any frame's writer
 	}
 	return nil
 }
@@ -903,8 +922,10 @@ func (srv *Server) stopLocked(s *session, why error) {
 // taken before from beginning (rule 5): the writer checks stopped after
 // setting its deadline, and the past deadline set here fails a write that
 // passed the check before its first byte. Over TLS, which keeps a write
-// error for good, not when a final ERROR is to follow: there a write that
-// passed its check an instant before may still begin.
+// error for good, not when a final ERROR is to follow: there the write
+// goes on if it has begun, and recordConn.Write refuses it if crypto/tls
+// held it back (the ERROR is lost with it); over another TLS listener it
+// may still begin, when crypto/tls lets it.
 func (s *session) dropLocked() {
 	s.owedWaiting, s.owedAcquired = 0, 0
 	s.stopped.Store(true)
@@ -1008,9 +1029,16 @@ func (s *session) drainLocked(own bool) {
 		srv.mu.Unlock()
 		s.conn.SetWriteDeadline(due)
 		late := s.stopped.Load() && !stopped
+		m := s.meter() // over TLS, it looks again as each record goes out
+		if m != nil {
+			m.undropped.Store(!stopped)
+		}
 		n, err := 0, error(nil)
 		if !late {
 			n, err = s.conn.Write(b)
+		}
+		if m != nil {
+			m.undropped.Store(false)
 		}
 		cut := err != nil && isTimeout(err) && s.stopped.Load() && !stopped
 		srv.mu.Lock()

@@ -436,6 +436,19 @@ mutant lease-watch-ends-the-living server.go 'TestPushUnreadByAClientThatHeartbe
 mutant lease-watch-looks-once server.go 'TestTLSReadStuckBehindAPushEndsAtTheLease|TestKeyUpdateStuckInAReadEndsAtTheLease' . \
   '			s.leaseWatch.Reset(time.Until(s.leaseEndLocked()))' \
   '			_ = 0'
+# Rule 5 over TLS: recordConn.Write lets through a record of a write taken
+# before the drop that crypto/tls held back past it (the fresh review of
+# 2026-12-03); or the writer never marks its write as taken before.
+mutant tls-held-back-push-written server.go 'TestAPushHeldBackByTLSPastTheEndIsNeverWritten' . \
+  'if c.undropped.Load() && c.dropped.Load() {' \
+  'if false && c.undropped.Load() && c.dropped.Load() {'
+mutant tls-write-never-marked-undropped server.go 'TestAPushHeldBackByTLSPastTheEndIsNeverWritten' . \
+  'm.undropped.Store(!stopped)' \
+  'm.undropped.Store(false)'
+# Or it refuses the final ERROR's write, taken after the drop.
+mutant tls-final-error-refused server.go 'TestPushUnreadByAClientThatHeartbeatsKeepsTheIOTimeout|TestShutdownDuringAHalfReadAcquireOverTLS' . \
+  'm.undropped.Store(!stopped)' \
+  'm.undropped.Store(true)'
 # Rule 9 (endLocked): the release is queued after the grant it allows.
 mutant release-event-after-the-grant server.go 'TestForceReleaseAndKickWaiter|TestPromotionSkipsExpiredWaiter|TestRaceHunt' . \
   $'\t\tsrv.emitLocked(Event{Type: EventReleased, Token: s.token, Held: held, Reason: reason}, s)\n\t\tif !srv.closing.Load() {\n\t\t\tsrv.promoteLocked(l)\n\t\t}\n' \
