@@ -213,3 +213,47 @@ func dialPipe(b *testing.B, l *pipeListener, remote, name string, reads bool) ne
 	})
 	return c
 }
+
+// BenchmarkSnapshotsHoldTheTable measures how long Locks and Stats, an
+// administrator's and a scrape's snapshot of 100,000 held locks, keep
+// srv.mu from everyone else: the longest wait for it beside them
+// (ms-max-table-held), which every session's decisions then wait too.
+//
+//	go test -run '^$' -bench SnapshotsHoldTheTable -benchtime 10x
+func BenchmarkSnapshotsHoldTheTable(b *testing.B) {
+	srv := &Server{}
+	srv.mu.Lock()
+	srv.initLocked()
+	for i := range 100_000 {
+		s := &session{name: "lock-" + strconv.Itoa(i*7919%100_000), remote: "r", lease: time.Second}
+		srv.locks[s.name] = &lock{holder: s}
+	}
+	srv.mu.Unlock()
+	for name, snapshot := range map[string]func(){"Locks": func() { srv.Locks() }, "Stats": func() { srv.Stats() }} {
+		b.Run(name, func(b *testing.B) {
+			var held time.Duration
+			for range b.N {
+				stop, done := make(chan struct{}), make(chan struct{})
+				go func() { // waits for srv.mu as a session would, each 50µs
+					defer close(done)
+					for {
+						select {
+						case <-stop:
+							return
+						case <-time.After(50 * time.Microsecond):
+						}
+						start := time.Now()
+						srv.mu.Lock()
+						held = max(held, time.Since(start))
+						srv.mu.Unlock()
+					}
+				}()
+				time.Sleep(time.Millisecond)
+				snapshot()
+				close(stop)
+				<-done
+			}
+			b.ReportMetric(float64(held)/1e6, "ms-max-table-held")
+		})
+	}
+}

@@ -1265,11 +1265,11 @@ type LockInfo struct {
 // Locks returns a snapshot of every lock with a holder or waiters, by name.
 func (srv *Server) Locks() []LockInfo {
 	srv.mu.Lock()
-	defer srv.mu.Unlock()
 	infos := make([]LockInfo, 0, len(srv.locks))
 	for name, l := range srv.locks {
 		infos = append(infos, l.infoLocked(name))
 	}
+	srv.mu.Unlock() // the sort, a third of the time, holds nobody up
 	slices.SortFunc(infos, func(a, b LockInfo) int { return strings.Compare(a.Name, b.Name) })
 	return infos
 }
