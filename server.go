@@ -264,6 +264,8 @@ func (srv *Server) start(conn net.Conn) {
 	s := &session{srv: srv, conn: conn, remote: conn.RemoteAddr().String()}
 	if s.tls, _ = conn.(*tls.Conn); s.tls == nil {
 		s.phase = phaseConnected
+	} else if m := s.meter(); m != nil {
+		m.dropped = &s.stopped
 	}
 	srv.mu.Lock()
 	srv.counts.ConnectionsAccepted++
@@ -544,7 +546,6 @@ func (s *session) handshake() error {
 	if m := s.meter(); m != nil {
 		m.units = m.body >> 10                // the rest of a record begun is charged
 		m.unit, m.done = floodPause, srv.done // the lease is not known yet
-		m.dropped = &s.stopped                // before any frame's writer
 	}
 	return nil
 }
