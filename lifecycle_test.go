@@ -3,6 +3,7 @@ package monolock
 import (
 	"bytes"
 	"context"
+	crand "crypto/rand"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -3471,13 +3472,13 @@ func TestLeaseEndCutInsideAFrameClosesAtOnce(t *testing.T) {
 }
 
 // Rule 5 over TLS: a push taken before an administrator's end or
-// Shutdown, and held back by crypto/tls behind its own answer to a
-// KeyUpdate inside the session's read (W asks for one and stops reading),
-// is never written: W reads no ACQUIRED after ForceRelease returned and X
-// was granted, nor after Shutdown began, however long it waits to read.
-// A sealed record cannot be skipped, so W loses its ERROR with it. (The
-// fresh review of 2026-12-03: W read the stale ACQUIRED, then the ERROR,
-// a second after the end: 20 of 20.)
+// Shutdown, and waiting behind crypto/tls's own answer to a KeyUpdate
+// inside the session's read (W asks for one and stops reading), is never
+// written: when W reads, a second after ForceRelease returned and X was
+// granted, or after Shutdown began, it reads its ERROR and nothing else.
+// (The fresh review of 2026-12-03: W read the stale ACQUIRED, then the
+// ERROR, 20 of 20; d285c4c refused the push at the network, and W read
+// nothing.)
 func TestAPushHeldBackByTLSPastTheEndIsNeverWritten(t *testing.T) {
 	for _, end := range []string{"force release", "shutdown"} {
 		t.Run(end, func(t *testing.T) {
@@ -3499,19 +3500,299 @@ func TestAPushHeldBackByTLSPastTheEndIsNeverWritten(t *testing.T) {
 			waitFor(t, "W's promotion", func() bool { return holderOf(srv, "x") == "W" })
 			time.Sleep(50 * time.Millisecond)
 			var shut <-chan error
+			want := CodeClosedByAdmin
 			if end == "shutdown" {
-				shut = shutdownAsync(srv)
+				shut, want = shutdownAsync(srv), CodeShuttingDown
 			} else if _, err := srv.ForceRelease("x", 0); err != nil {
 				t.Fatal(err)
 			} else {
 				l.holder(t, "X", "x")
 			}
 			time.Sleep(time.Second) // W still does not read
-			if got := readRest(w); slices.ContainsFunc(got, func(f Frame) bool { return f.Type == TypeAcquired }) {
-				t.Errorf("W, its push held back by TLS, read %s a second after the %s; want no ACQUIRED", showFrames(got), end)
+			if got := readRest(w); len(got) != 1 || got[0].Type != TypeError || got[0].Code != want {
+				t.Errorf("W, its push held back by TLS, read %s a second after the %s; want ERROR 0x%02x alone", showFrames(got), end, uint8(want))
 			}
 			if shut != nil {
 				awaitShutdown(t, shut)
+			}
+		})
+	}
+}
+
+// hookRand is a tls.Config.Rand that runs hook once, on the goroutine that
+// reads it, the first time it is read once armed. Over TLS 1.2 with a CBC
+// suite crypto/tls reads Rand for each record's explicit IV, inside
+// writeRecordLocked, after drainLocked's last check of stopped and before
+// the record reaches recordConn.Write: the hook runs an administrator's
+// call at that instant, as a second processor may at any time (a few
+// microseconds of sealing; over TLS 1.3 the same window has no hook).
+type hookRand struct {
+	armed atomic.Bool
+	once  sync.Once
+	hook  func()
+}
+
+func (r *hookRand) Read(b []byte) (int, error) {
+	if r.armed.Load() {
+		r.once.Do(r.hook)
+	}
+	return crand.Read(b)
+}
+
+// readAll reads frames from c, which the test never stops reading, until
+// the connection ends, and sends them.
+func readAll(c net.Conn) <-chan []Frame {
+	out := make(chan []Frame, 1)
+	go func() { out <- readRest(c) }()
+	return out
+}
+
+// Over TLS, through either listener, an administrator's end or Shutdown
+// that lands while a push (or a heartbeat's answer) taken before it is
+// being sealed, for a client that reads all the time, lets that write go
+// out, as a write under way, and the ERROR follows it. (The break-review
+// of d285c4c, which refused such a record under NewTLSListener: W read
+// nothing, 60 of 60.)
+func TestAnEndWhileATLSFrameIsSealedKeepsTheError(t *testing.T) {
+	for _, listener := range []string{"NewTLSListener", "tls.NewListener"} {
+		for _, end := range []string{"force release", "kick waiter", "shutdown"} {
+			t.Run(listener+"/"+end, func(t *testing.T) {
+				srv := &Server{IOTimeout: 3 * time.Second}
+				l := servePipe(t, srv)
+				h := l.holder(t, "H", "x")
+				raw, server := net.Pipe()
+				defer raw.Close()
+				hr := &hookRand{}
+				cfg := &tls.Config{Certificates: []tls.Certificate{selfSigned(t)}, MinVersion: tls.VersionTLS12, Rand: hr}
+				var sc net.Conn = namedConn{server, "W"}
+				if listener == "NewTLSListener" {
+					sc = newRecordConn(sc)
+				}
+				go func() { l.conns <- tls.Server(sc, cfg) }()
+				w := tls.Client(raw, &tls.Config{InsecureSkipVerify: true, MaxVersion: tls.VersionTLS12,
+					CipherSuites: []uint16{tls.TLS_ECDHE_ECDSA_WITH_AES_128_CBC_SHA}})
+				sendAcquire(t, w, "x", time.Hour)
+				mustRead(t, w, TypeWaiting)
+				var want Code
+				var called error
+				var shut <-chan error
+				switch end {
+				case "force release":
+					want = CodeClosedByAdmin
+					hr.hook = func() { _, called = srv.ForceRelease("x", 0) }
+				case "kick waiter":
+					want = CodeClosedByAdmin
+					hr.hook = func() { _, called = srv.KickWaiter("x", "W") }
+				case "shutdown":
+					want = CodeShuttingDown
+					hr.hook = func() {
+						shut = shutdownAsync(srv)
+						for !srv.closing.Load() {
+							time.Sleep(time.Millisecond)
+						}
+						srv.mu.Lock() // Shutdown's critical section is over
+						srv.mu.Unlock()
+					}
+				}
+				got := readAll(w) // W reads from now on, all the time
+				hr.armed.Store(true)
+				if end == "kick waiter" {
+					w.Write([]byte{TypeHeartbeat}) // its answer, WAITING, is being sealed when the kick lands
+				} else {
+					h.Close() // W is promoted: its push is being sealed when the end lands
+				}
+				var fs []Frame
+				select {
+				case fs = <-got:
+				case <-time.After(wait):
+					t.Fatal("W's connection did not end")
+				}
+				if called != nil {
+					t.Fatalf("%s: %v", end, called)
+				}
+				if shut != nil {
+					awaitShutdown(t, shut)
+				}
+				if n := len(fs); n == 0 || fs[n-1].Type != TypeError || fs[n-1].Code != want {
+					t.Errorf("W, reading all the time, read %s after the %s; want its ERROR 0x%02x last (Stats.Errors %v)",
+						showFrames(fs), end, uint8(want), srv.Stats().Errors)
+				} else {
+					t.Logf("W read %s", showFrames(fs))
+				}
+			})
+		}
+	}
+}
+
+// afterWriteConn calls after, once armed and once only, when a Write to
+// the network has returned: the record it carried is on the wire.
+type afterWriteConn struct {
+	net.Conn
+	armed  atomic.Bool
+	once   sync.Once
+	writes atomic.Int32
+	ready  func() bool
+	after  func()
+}
+
+func (c *afterWriteConn) Write(b []byte) (int, error) {
+	n, err := c.Conn.Write(b)
+	c.writes.Add(1)
+	if c.armed.Load() && c.ready() {
+		c.once.Do(c.after)
+	}
+	return n, err
+}
+
+// Over TLS 1.0 with a CBC suite (a Config that allows it), crypto/tls
+// writes each write as two records, its first byte, then the rest (the
+// 1/n-1 split). An administrator's end that lands once the first record is
+// on the wire leaves the write under way: the frame arrives whole, then
+// the ERROR (docs/protocol.md §4: over TLS a write that has begun goes
+// on). (The break-review of d285c4c, which refused the second record: a
+// frame torn after its first byte and no ERROR, 20 of 20.)
+func TestABegunTLSWriteGoesOnAcrossItsRecords(t *testing.T) {
+	for _, listener := range []string{"NewTLSListener", "tls.NewListener"} {
+		t.Run(listener, func(t *testing.T) {
+			srv := &Server{IOTimeout: 3 * time.Second}
+			l := servePipe(t, srv)
+			h := l.holder(t, "H", "x")
+			raw, server := net.Pipe()
+			defer raw.Close()
+			aw := &afterWriteConn{Conn: namedConn{server, "W"}}
+			var sc net.Conn = aw
+			if listener == "NewTLSListener" {
+				sc = newRecordConn(sc)
+			}
+			cfg := &tls.Config{Certificates: []tls.Certificate{selfSigned(t)}, MinVersion: tls.VersionTLS10}
+			go func() { l.conns <- tls.Server(sc, cfg) }()
+			w := tls.Client(raw, &tls.Config{InsecureSkipVerify: true, MinVersion: tls.VersionTLS10, MaxVersion: tls.VersionTLS10,
+				CipherSuites: []uint16{tls.TLS_ECDHE_ECDSA_WITH_AES_128_CBC_SHA}})
+			sendAcquire(t, w, "x", time.Hour)
+			mustRead(t, w, TypeWaiting)
+			var called error
+			aw.ready = func() bool { return holderOf(srv, "x") == "W" }
+			aw.after = func() { _, called = srv.ForceRelease("x", 0) }
+			if v := w.ConnectionState().Version; v != tls.VersionTLS10 {
+				t.Fatalf("version %x", v)
+			}
+			done := make(chan []byte, 1)
+			go func() {
+				var all []byte
+				buf := make([]byte, 64)
+				w.SetReadDeadline(time.Now().Add(wait))
+				for {
+					n, err := w.Read(buf)
+					all = append(all, buf[:n]...)
+					if err != nil {
+						done <- all
+						return
+					}
+				}
+			}()
+			waitFor(t, "the WAITING's record written", func() bool { return aw.writes.Load() == 3 }) // two of the handshake
+			aw.armed.Store(true)
+			h.Close() // W is promoted; the end lands once its push's first record is out
+			got := <-done
+			if called != nil {
+				t.Fatal(called)
+			}
+			fs := readFramesOf(got)
+			if len(got) == 0 || frameEnd(got, len(got)) != len(got) || len(fs) == 0 || fs[len(fs)-1].Type != TypeError {
+				t.Errorf("W read % x after ForceRelease, then the end of the stream: a frame torn after its first byte, and no ERROR 0x02 (Stats.Errors %v); want the whole frame, then the ERROR", got, srv.Stats().Errors)
+			} else {
+				t.Logf("W read %s (% x)", showFrames(fs), got)
+			}
+		})
+	}
+}
+
+// readFramesOf parses the whole frames at the front of b.
+func readFramesOf(b []byte) []Frame {
+	var fs []Frame
+	r := bytes.NewReader(b)
+	for {
+		f, err := ReadFrame(r)
+		if err != nil {
+			return fs
+		}
+		fs = append(fs, f)
+	}
+}
+
+// Over TLS 1.3, W reads all the time and sends a KeyUpdate that asks for
+// one; W is promoted, and an administrator or Shutdown ends it, while the
+// server's read is still inside the answer's write: W's push, taken before
+// the end, waits for that write, is dropped with the end, and W reads its
+// ERROR last. (The break-review of d285c4c: the push was refused at the
+// network and the ERROR lost, 20 of 20.)
+func TestAPushBehindAKeyUpdateAnswerTheClientReadsKeepsTheError(t *testing.T) {
+	for _, end := range []string{"force release", "shutdown"} {
+		t.Run(end, func(t *testing.T) {
+			srv := &Server{IOTimeout: 3 * time.Second}
+			l := servePipe(t, srv)
+			h := l.holder(t, "H", "x")
+			raw, server := net.Pipe()
+			defer raw.Close()
+			aw := &afterWriteConn{Conn: namedConn{server, "W"}}
+			l.acceptTLS(t, aw) // metered: newRecordConn(aw), as NewTLSListener
+			w, s := handshakeTLS13(t, raw)
+			sendAcquire(t, w, "x", time.Hour)
+			s.seq = 1 // the ACQUIRE was the first record
+			mustRead(t, w, TypeWaiting)
+			before := aw.writes.Load()
+			waitFor(t, "the WAITING's record written", func() bool { return aw.writes.Load() == before })
+			time.Sleep(20 * time.Millisecond)
+			before = aw.writes.Load()
+			got := readAll(w) // W reads all the time from now on
+			var called error
+			var shut <-chan error
+			aw.ready = func() bool { return aw.writes.Load() == before+1 } // the KeyUpdate's answer, read by W
+			aw.after = func() {
+				h.Close()
+				for holderOf(srv, "x") != "W" {
+					time.Sleep(time.Millisecond)
+				}
+				time.Sleep(50 * time.Millisecond) // W's push waits for crypto/tls's write lock
+				if end == "shutdown" {
+					shut = shutdownAsync(srv)
+					for !srv.closing.Load() {
+						time.Sleep(time.Millisecond)
+					}
+					srv.mu.Lock()
+					srv.mu.Unlock()
+				} else {
+					_, called = srv.ForceRelease("x", 0)
+				}
+			}
+			aw.armed.Store(true)
+			if _, err := raw.Write(s.keyUpdates(1)); err != nil {
+				t.Fatal(err)
+			}
+			var fs []Frame
+			select {
+			case fs = <-got:
+			case <-time.After(wait):
+				t.Fatal("W's connection did not end")
+			}
+			if called != nil {
+				t.Fatal(called)
+			}
+			if shut != nil {
+				awaitShutdown(t, shut)
+			}
+			if aw.writes.Load() < before+1 {
+				t.Fatal("the KeyUpdate was not answered")
+			}
+			want := CodeClosedByAdmin
+			if end == "shutdown" {
+				want = CodeShuttingDown
+			}
+			if n := len(fs); n == 0 || fs[n-1].Type != TypeError || fs[n-1].Code != want {
+				t.Errorf("W, which read the KeyUpdate's answer before the %s and reads all the time, read %s; want its ERROR 0x%02x last (Stats.Errors %v)",
+					end, showFrames(fs), uint8(want), srv.Stats().Errors)
+			} else {
+				t.Logf("W read %s", showFrames(fs))
 			}
 		})
 	}

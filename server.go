@@ -36,8 +36,8 @@ import (
 //     not yet taken, unless the session's own bad frame ended it.
 //  5. After a drop no write begins but the final ERROR and, before it, the
 //     rest of a cut frame: dropLocked sets a past write deadline, and
-//     drainLocked checks stopped after its own, and over a NewTLSListener's
-//     connection recordConn.Write as each record goes out.
+//     drainLocked checks stopped after its own and, over a NewTLSListener's
+//     connection, after crypto/tls's own writes from the read (recordConn.wmu).
 //  6. heartbeatLocked decides one read's bytes together, in the critical
 //     section that ends the session if one is bad.
 //  7. promoteLocked grants only a waiter whose lease has not passed.
@@ -264,8 +264,6 @@ func (srv *Server) start(conn net.Conn) {
 	s := &session{srv: srv, conn: conn, remote: conn.RemoteAddr().String()}
 	if s.tls, _ = conn.(*tls.Conn); s.tls == nil {
 		s.phase = phaseConnected
-	} else if m := s.meter(); m != nil {
-		m.dropped = &s.stopped
 	}
 	srv.mu.Lock()
 	srv.counts.ConnectionsAccepted++
@@ -354,9 +352,11 @@ func closeConn(c net.Conn) { closeAll([]io.Closer{c}) }
 // NewTLSListener is tls.NewListener(inner, config) that lets Serve see
 // the TLS records under each connection: crypto/tls reads records it
 // never returns (TLS 1.3 KeyUpdates, 16 in a row, each answered with a
-// write of the server's), which the flood rate must charge. Over another
-// TLS listener a client can have the server answer 16 KeyUpdates for each
-// read the rate counts.
+// write of the server's), which the flood rate must charge, and the
+// writes it makes from a read, which a frame's write must not wait behind
+// (rule 5). Over another TLS listener a client can have the server answer
+// 16 KeyUpdates for each read the rate counts, and a frame decided before
+// a session's end written up to an io-timeout after it.
 func NewTLSListener(inner net.Listener, config *tls.Config) net.Listener {
 	return tls.NewListener(recordListener{inner}, config)
 }
@@ -389,12 +389,13 @@ type recordConn struct {
 	length [2]byte
 	body   int // bytes of the current record still to come
 
-	// While a write taken before the session's drop is under way, a record
-	// crypto/tls writes after the drop is refused (rule 5): crypto/tls may
-	// hold the write back behind its own answer to a KeyUpdate inside the
-	// read for an io-timeout, and sealed, the record cannot be skipped.
-	undropped atomic.Bool
-	dropped   *atomic.Bool // the session's stopped
+	// wmu is held through each write to the network, crypto/tls's own
+	// from inside the session's read (a KeyUpdate's answer, an alert)
+	// included, for a frame's writer to wait for those before it looks at
+	// stopped (rule 5): behind one the client does not read, crypto/tls
+	// would hold the writer's write back, past a session's end, for up to
+	// an io-timeout, and then write it.
+	wmu sync.Mutex
 }
 
 // maxHandshakeUnits bounds what crypto/tls may take in during the handshake,
@@ -411,15 +412,11 @@ const maxHandshakeUnits = 1 << 10
 // take in, and have answered, 650 KeyUpdates before any charge.
 const maxReadAhead = 512
 
-var (
-	errTooManyRecords = errors.New("more than 1024 TLS records, or KiB, in the handshake")
-	errDropped        = errors.New("a write held back by crypto/tls past the session's end")
-)
+var errTooManyRecords = errors.New("more than 1024 TLS records, or KiB, in the handshake")
 
 func (c *recordConn) Write(b []byte) (int, error) {
-	if c.undropped.Load() && c.dropped.Load() {
-		return 0, errDropped
-	}
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
 	return c.Conn.Write(b)
 }
 
@@ -923,10 +920,10 @@ func (srv *Server) stopLocked(s *session, why error) {
 // taken before from beginning (rule 5): the writer checks stopped after
 // setting its deadline, and the past deadline set here fails a write that
 // passed the check before its first byte. Over TLS, which keeps a write
-// error for good, not when a final ERROR is to follow: there the write
-// goes on if it has begun, and recordConn.Write refuses it if crypto/tls
-// held it back (the ERROR is lost with it); over another TLS listener it
-// may still begin, when crypto/tls lets it.
+// error for good, not when a final ERROR is to follow: there a write that
+// passed its check an instant before may still begin (over a TLS listener
+// other than NewTLSListener's, one that waited inside crypto/tls behind
+// its own write from the read, for up to an io-timeout).
 func (s *session) dropLocked() {
 	s.owedWaiting, s.owedAcquired = 0, 0
 	s.stopped.Store(true)
@@ -1029,17 +1026,14 @@ func (s *session) drainLocked(own bool) {
 		}
 		srv.mu.Unlock()
 		s.conn.SetWriteDeadline(due)
-		late := s.stopped.Load() && !stopped
-		m := s.meter() // over TLS, it looks again as each record goes out
-		if m != nil {
-			m.undropped.Store(!stopped)
+		if m := s.meter(); m != nil {
+			m.wmu.Lock() // crypto/tls's own write from the read, if any, ends by due
+			m.wmu.Unlock()
 		}
+		late := s.stopped.Load() && !stopped // after the wait: when the write begins
 		n, err := 0, error(nil)
 		if !late {
 			n, err = s.conn.Write(b)
-		}
-		if m != nil {
-			m.undropped.Store(false)
 		}
 		cut := err != nil && isTimeout(err) && s.stopped.Load() && !stopped
 		srv.mu.Lock()

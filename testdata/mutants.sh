@@ -436,19 +436,20 @@ mutant lease-watch-ends-the-living server.go 'TestPushUnreadByAClientThatHeartbe
 mutant lease-watch-looks-once server.go 'TestTLSReadStuckBehindAPushEndsAtTheLease|TestKeyUpdateStuckInAReadEndsAtTheLease' . \
   '			s.leaseWatch.Reset(time.Until(s.leaseEndLocked()))' \
   '			_ = 0'
-# Rule 5 over TLS: recordConn.Write lets through a record of a write taken
-# before the drop that crypto/tls held back past it (the fresh review of
-# 2026-12-03); or the writer never marks its write as taken before.
-mutant tls-held-back-push-written server.go 'TestAPushHeldBackByTLSPastTheEndIsNeverWritten' . \
-  'if c.undropped.Load() && c.dropped.Load() {' \
-  'if false && c.undropped.Load() && c.dropped.Load() {'
-mutant tls-write-never-marked-undropped server.go 'TestAPushHeldBackByTLSPastTheEndIsNeverWritten' . \
-  'm.undropped.Store(!stopped)' \
-  'm.undropped.Store(false)'
-# Or it refuses the final ERROR's write, taken after the drop.
-mutant tls-final-error-refused server.go 'TestPushUnreadByAClientThatHeartbeatsKeepsTheIOTimeout|TestShutdownDuringAHalfReadAcquireOverTLS' . \
-  'm.undropped.Store(!stopped)' \
-  'm.undropped.Store(true)'
+# Rule 5 over TLS: the writer looks at stopped without first waiting for
+# a write crypto/tls makes from the read (a KeyUpdate's answer), behind
+# which its own write would wait, past the end (the fresh review of
+# 2026-12-03); or recordConn.Write does not hold wmu; or the writer does
+# not look at stopped after the wait.
+mutant tls-writer-does-not-wait-for-the-read server.go 'TestAPushHeldBackByTLSPastTheEndIsNeverWritten|TestAPushBehindAKeyUpdateAnswerTheClientReadsKeepsTheError' . \
+  $'\t\t\tm.wmu.Lock() // crypto/tls\'s own write from the read, if any, ends by due\n\t\t\tm.wmu.Unlock()' \
+  $'\t\t\t_ = m'
+mutant tls-record-write-unguarded server.go 'TestAPushHeldBackByTLSPastTheEndIsNeverWritten|TestAPushBehindAKeyUpdateAnswerTheClientReadsKeepsTheError' . \
+  $'\tc.wmu.Lock()\n\tdefer c.wmu.Unlock()\n\treturn c.Conn.Write(b)' \
+  $'\treturn c.Conn.Write(b)'
+mutant tls-writer-does-not-look-after-the-wait server.go 'TestAPushHeldBackByTLSPastTheEndIsNeverWritten|TestAPushBehindAKeyUpdateAnswerTheClientReadsKeepsTheError' . \
+  $'\t\t\tm.wmu.Unlock()\n\t\t}\n\t\tlate := s.stopped.Load() && !stopped // after the wait: when the write begins' \
+  $'\t\t\tm.wmu.Unlock()\n\t\t}\n\t\tlate := stopped != stopped'
 # Rule 9 (endLocked): the release is queued after the grant it allows.
 mutant release-event-after-the-grant server.go 'TestForceReleaseAndKickWaiter|TestPromotionSkipsExpiredWaiter|TestRaceHunt' . \
   $'\t\tsrv.emitLocked(Event{Type: EventReleased, Token: s.token, Held: held, Reason: reason}, s)\n\t\tif !srv.closing.Load() {\n\t\t\tsrv.promoteLocked(l)\n\t\t}\n' \
