@@ -3519,6 +3519,112 @@ func TestAPushHeldBackByTLSPastTheEndIsNeverWritten(t *testing.T) {
 	}
 }
 
+// prefixConn reads what the test took off the wire itself, then the wire.
+type prefixConn struct {
+	net.Conn
+	mu  sync.Mutex
+	pre bytes.Buffer
+}
+
+func (c *prefixConn) Read(b []byte) (int, error) {
+	c.mu.Lock()
+	if c.pre.Len() > 0 {
+		n, _ := c.pre.Read(b)
+		c.mu.Unlock()
+		return n, nil
+	}
+	c.mu.Unlock()
+	return c.Conn.Read(b)
+}
+
+// takeRecord reads one whole TLS record off raw, as a client that reads
+// a record at a time, and keeps it for the TLS client to read later.
+func (c *prefixConn) takeRecord(t *testing.T) {
+	t.Helper()
+	hdr := make([]byte, 5)
+	c.Conn.SetReadDeadline(time.Now().Add(wait))
+	if _, err := io.ReadFull(c.Conn, hdr); err != nil {
+		t.Fatalf("record header: %v", err)
+	}
+	body := make([]byte, int(hdr[3])<<8|int(hdr[4]))
+	if _, err := io.ReadFull(c.Conn, body); err != nil {
+		t.Fatalf("record body: %v", err)
+	}
+	c.Conn.SetReadDeadline(time.Time{})
+	c.mu.Lock()
+	c.pre.Write(hdr)
+	c.pre.Write(body)
+	c.mu.Unlock()
+}
+
+// Rule 5 over NewTLSListener's connection, with several KeyUpdates: W, a
+// waiter over TLS 1.3, sends k KeyUpdates that ask for answers, in one
+// write, and reads their answers one record at a time, slowly, all but the
+// last. W is promoted meanwhile; its push's writer must wait until
+// crypto/tls has handled every record it took in, not only the answer on
+// the wire, or it waits inside crypto/tls behind the next answer. After
+// ForceRelease (and X's grant) or Shutdown, W, reading a second later,
+// reads its ERROR alone. (The break-review of e7debad: its writer waited
+// for the answer being written, then inside crypto/tls behind the next,
+// and W read ACQUIRED then the ERROR, 10 of 10; also on a85e11d.)
+func TestAPushBehindSeveralKeyUpdateAnswersIsNeverWritten(t *testing.T) {
+	for _, tc := range []struct {
+		k   int
+		end string
+	}{{3, "force release"}, {16, "force release"}, {3, "shutdown"}} {
+		k := tc.k
+		t.Run(fmt.Sprint(k, " KeyUpdates/", tc.end), func(t *testing.T) {
+			srv := &Server{IOTimeout: 3 * time.Second}
+			l := servePipe(t, srv)
+			h := l.holder(t, "H", "x")
+			raw, server := net.Pipe()
+			defer raw.Close()
+			l.acceptTLS(t, namedConn{server, "W"})
+			pc := &prefixConn{Conn: raw}
+			w, s := handshakeTLS13(t, pc)
+			sendAcquire(t, w, "x", time.Hour)
+			s.seq = 1 // the ACQUIRE was the first record
+			mustRead(t, w, TypeWaiting)
+			if _, err := raw.Write(s.keyUpdates(k)); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(50 * time.Millisecond) // the read writes the first answer, which W does not read yet
+			h.Close()                         // W is promoted: its writer waits for the read
+			waitFor(t, "W's promotion", func() bool { return holderOf(srv, "x") == "W" })
+			time.Sleep(50 * time.Millisecond)
+			for range k - 1 { // W reads every answer but the last, slowly
+				pc.takeRecord(t)
+				time.Sleep(50 * time.Millisecond)
+			}
+			var shut <-chan error
+			want := CodeClosedByAdmin
+			if tc.end == "shutdown" {
+				shut, want = shutdownAsync(srv), CodeShuttingDown
+				for !srv.closing.Load() {
+					time.Sleep(time.Millisecond)
+				}
+				srv.mu.Lock() // Shutdown's critical section is over
+				srv.mu.Unlock()
+			} else {
+				if _, err := srv.ForceRelease("x", 0); err != nil {
+					t.Fatal(err)
+				}
+				l.holder(t, "X", "x")
+			}
+			returned := time.Now()
+			time.Sleep(time.Second) // W still does not read
+			got := readRest(w)
+			t.Logf("W read %s, from %v after the %s", showFrames(got), time.Since(returned), tc.end)
+			if len(got) != 1 || got[0].Type != TypeError || got[0].Code != want {
+				t.Errorf("W read %s a second after the %s (ForceRelease returned and X holds x, or Shutdown began); want ERROR 0x%02x alone", showFrames(got), tc.end, uint8(want))
+			}
+			if shut != nil {
+				awaitShutdown(t, shut)
+			}
+		})
+	}
+}
+
 // hookRand is a tls.Config.Rand that runs hook once, on the goroutine that
 // reads it, the first time it is read once armed. Over TLS 1.2 with a CBC
 // suite crypto/tls reads Rand for each record's explicit IV, inside

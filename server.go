@@ -389,13 +389,41 @@ type recordConn struct {
 	length [2]byte
 	body   int // bytes of the current record still to come
 
-	// wmu is held through each write to the network, crypto/tls's own
-	// from inside the session's read (a KeyUpdate's answer, an alert)
-	// included, for a frame's writer to wait for those before it looks at
-	// stopped (rule 5): behind one the client does not read, crypto/tls
-	// would hold the writer's write back, past a session's end, for up to
-	// an io-timeout, and then write it.
-	wmu sync.Mutex
+	// busy is set from a Read's return with bytes to the next Read, or the
+	// session goroutine's end: only then may crypto/tls, handling records
+	// it took in, write from inside the session's read (a KeyUpdate's
+	// answer, an alert). Another's frame writer waits for its end before it
+	// looks at stopped (rule 5): behind such a write that the client does
+	// not read, crypto/tls would hold the frame's write back, past the
+	// session's end, for up to an io-timeout, and then write it.
+	bmu  sync.Mutex
+	busy bool
+	idle chan struct{} // closed at busy's end, for a writer waiting for it
+}
+
+func (c *recordConn) setBusy(busy bool) {
+	c.bmu.Lock()
+	if c.busy = busy; !busy && c.idle != nil {
+		close(c.idle)
+		c.idle = nil
+	}
+	c.bmu.Unlock()
+}
+
+// awaitIdle waits until crypto/tls can no longer be inside a write from
+// the session's read; that write has the waiting writer's deadline.
+func (c *recordConn) awaitIdle() {
+	c.bmu.Lock()
+	for c.busy {
+		if c.idle == nil {
+			c.idle = make(chan struct{})
+		}
+		idle := c.idle
+		c.bmu.Unlock()
+		<-idle
+		c.bmu.Lock()
+	}
+	c.bmu.Unlock()
 }
 
 // maxHandshakeUnits bounds what crypto/tls may take in during the handshake,
@@ -414,12 +442,6 @@ const maxReadAhead = 512
 
 var errTooManyRecords = errors.New("more than 1024 TLS records, or KiB, in the handshake")
 
-func (c *recordConn) Write(b []byte) (int, error) {
-	c.wmu.Lock()
-	defer c.wmu.Unlock()
-	return c.Conn.Write(b)
-}
-
 func (c *recordConn) SetDeadline(t time.Time) error {
 	c.readBy = t
 	return c.Conn.SetDeadline(t)
@@ -431,6 +453,7 @@ func (c *recordConn) SetReadDeadline(t time.Time) error {
 }
 
 func (c *recordConn) Read(b []byte) (int, error) {
+	c.setBusy(false) // crypto/tls has handled all it took in
 	// crypto/tls reads from the network only once it has handled every
 	// whole record it took in, and one of its reads may read a thousand
 	// records (to make up one handshake message): what it took in is paced
@@ -447,6 +470,7 @@ func (c *recordConn) Read(b []byte) (int, error) {
 		}
 	}
 	n, err := c.Conn.Read(b[:min(len(b), maxReadAhead)])
+	c.setBusy(n > 0)
 	for p := b[:n]; len(p) > 0; {
 		if c.body > 0 {
 			k := min(c.body, len(p))
@@ -738,6 +762,9 @@ func (s *session) end(why error) {
 // retirement (wg.Done), which its caller does when it is done.
 func (s *session) endOwnLocked(why error) {
 	srv := s.srv
+	if m := s.meter(); m != nil {
+		m.setBusy(false) // its goroutine reads no more: crypto/tls writes nothing from a read
+	}
 	grants := srv.counts.Grants
 	srv.endLocked(s, why)
 	if srv.counts.Grants != grants {
@@ -1026,9 +1053,8 @@ func (s *session) drainLocked(own bool) {
 		}
 		srv.mu.Unlock()
 		s.conn.SetWriteDeadline(due)
-		if m := s.meter(); m != nil {
-			m.wmu.Lock() // crypto/tls's own write from the read, if any, ends by due
-			m.wmu.Unlock()
+		if m := s.meter(); m != nil && !own {
+			m.awaitIdle() // crypto/tls's write from the read, if any, ends by due
 		}
 		late := s.stopped.Load() && !stopped // after the wait: when the write begins
 		n, err := 0, error(nil)
