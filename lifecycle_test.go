@@ -3625,6 +3625,42 @@ func TestAPushBehindSeveralKeyUpdateAnswersIsNeverWritten(t *testing.T) {
 	}
 }
 
+// A TLS session that ends on its own bad frame while another's writer is
+// at work (its push, which W does not read yet) gets the push, then its
+// ERROR 0x13, and is closed: the writer does not wait for a read that its
+// session's goroutine, ended, will never make (recordConn's busy ends with
+// it: mutant tls-ended-session-left-busy hung here).
+func TestATLSSessionEndedOnItsOwnBadFrameGetsItsErrorFromAnothersWriter(t *testing.T) {
+	srv := &Server{IOTimeout: 3 * time.Second}
+	l := servePipe(t, srv)
+	h := l.holder(t, "H", "x")
+	w, _ := l.tlsClient(t, "W", 0)
+	defer w.Close()
+	sendAcquire(t, w, "x", time.Minute)
+	mustRead(t, w, TypeWaiting)
+	time.Sleep(50 * time.Millisecond) // W's goroutine is back in its read: the push is another's
+	h.Close()                         // W is promoted; its push waits for W to read
+	waitFor(t, "W's promotion", func() bool { return holderOf(srv, "x") == "W" })
+	time.Sleep(50 * time.Millisecond)
+	w.SetWriteDeadline(time.Now().Add(wait))
+	if _, err := w.Write([]byte{0x7f}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(50 * time.Millisecond) // the server has read it and ended W
+	var got []Frame
+	w.SetReadDeadline(time.Now().Add(2 * time.Second))
+	for {
+		f, err := ReadFrame(w)
+		if err != nil {
+			break
+		}
+		got = append(got, f)
+	}
+	if len(got) != 2 || got[0].Type != TypeAcquired || got[1].Type != TypeError || got[1].Code != CodeUnknownType {
+		t.Errorf("W, promoted, then ended by its own bad byte, read %s within 2s; want ACQUIRED, then ERROR 0x13, then the close", showFrames(got))
+	}
+}
+
 // hookRand is a tls.Config.Rand that runs hook once, on the goroutine that
 // reads it, the first time it is read once armed. Over TLS 1.2 with a CBC
 // suite crypto/tls reads Rand for each record's explicit IV, inside

@@ -37,7 +37,7 @@ import (
 //  5. After a drop no write begins but the final ERROR and, before it, the
 //     rest of a cut frame: dropLocked sets a past write deadline, and
 //     drainLocked checks stopped after its own and, over a NewTLSListener's
-//     connection, after crypto/tls's own writes from the read (recordConn.wmu).
+//     connection, once crypto/tls cannot write from the read (awaitIdle).
 //  6. heartbeatLocked decides one read's bytes together, in the critical
 //     section that ends the session if one is bad.
 //  7. promoteLocked grants only a waiter whose lease has not passed.

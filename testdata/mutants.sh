@@ -436,20 +436,24 @@ mutant lease-watch-ends-the-living server.go 'TestPushUnreadByAClientThatHeartbe
 mutant lease-watch-looks-once server.go 'TestTLSReadStuckBehindAPushEndsAtTheLease|TestKeyUpdateStuckInAReadEndsAtTheLease' . \
   '			s.leaseWatch.Reset(time.Until(s.leaseEndLocked()))' \
   '			_ = 0'
-# Rule 5 over TLS: the writer looks at stopped without first waiting for
-# a write crypto/tls makes from the read (a KeyUpdate's answer), behind
-# which its own write would wait, past the end (the fresh review of
-# 2026-12-03); or recordConn.Write does not hold wmu; or the writer does
-# not look at stopped after the wait.
-mutant tls-writer-does-not-wait-for-the-read server.go 'TestAPushHeldBackByTLSPastTheEndIsNeverWritten|TestAPushBehindAKeyUpdateAnswerTheClientReadsKeepsTheError' . \
-  $'\t\t\tm.wmu.Lock() // crypto/tls\'s own write from the read, if any, ends by due\n\t\t\tm.wmu.Unlock()' \
+# Rule 5 over TLS: another's writer looks at stopped without first waiting
+# until crypto/tls cannot write from the read (the fresh review of
+# 2026-12-03); or a Read's return with bytes does not mark the span busy
+# (e7debad's gap: several KeyUpdates taken in at once); or the session's
+# end leaves it busy, and a writer waits for a read that never comes; or
+# the writer does not look at stopped after the wait.
+mutant tls-writer-does-not-wait-for-the-read server.go 'TestAPushHeldBackByTLSPastTheEndIsNeverWritten|TestAPushBehindSeveralKeyUpdateAnswersIsNeverWritten' . \
+  $'\t\t\tm.awaitIdle() // crypto/tls\'s write from the read, if any, ends by due' \
   $'\t\t\t_ = m'
-mutant tls-record-write-unguarded server.go 'TestAPushHeldBackByTLSPastTheEndIsNeverWritten|TestAPushBehindAKeyUpdateAnswerTheClientReadsKeepsTheError' . \
-  $'\tc.wmu.Lock()\n\tdefer c.wmu.Unlock()\n\treturn c.Conn.Write(b)' \
-  $'\treturn c.Conn.Write(b)'
+mutant tls-read-never-busy server.go 'TestAPushHeldBackByTLSPastTheEndIsNeverWritten|TestAPushBehindSeveralKeyUpdateAnswersIsNeverWritten' . \
+  $'\tc.setBusy(n > 0)\n' \
+  $''
+mutant tls-ended-session-left-busy server.go 'TestATLSSessionEndedOnItsOwnBadFrameGetsItsErrorFromAnothersWriter' . \
+  $'\t\tm.setBusy(false) // its goroutine reads no more: crypto/tls writes nothing from a read' \
+  $'\t\t_ = m'
 mutant tls-writer-does-not-look-after-the-wait server.go 'TestAPushHeldBackByTLSPastTheEndIsNeverWritten|TestAPushBehindAKeyUpdateAnswerTheClientReadsKeepsTheError' . \
-  $'\t\t\tm.wmu.Unlock()\n\t\t}\n\t\tlate := s.stopped.Load() && !stopped // after the wait: when the write begins' \
-  $'\t\t\tm.wmu.Unlock()\n\t\t}\n\t\tlate := stopped != stopped'
+  'late := s.stopped.Load() && !stopped // after the wait: when the write begins' \
+  'late := stopped != stopped'
 # Rule 9 (endLocked): the release is queued after the grant it allows.
 mutant release-event-after-the-grant server.go 'TestForceReleaseAndKickWaiter|TestPromotionSkipsExpiredWaiter|TestRaceHunt' . \
   $'\t\tsrv.emitLocked(Event{Type: EventReleased, Token: s.token, Held: held, Reason: reason}, s)\n\t\tif !srv.closing.Load() {\n\t\t\tsrv.promoteLocked(l)\n\t\t}\n' \
