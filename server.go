@@ -1053,7 +1053,7 @@ func (s *session) drainLocked(own bool) {
 		}
 		srv.mu.Unlock()
 		s.conn.SetWriteDeadline(due)
-		if m := s.meter(); m != nil && !own {
+		if m := s.meter(); m != nil && !own && !stopped { // frames an end may yet drop
 			m.awaitIdle() // crypto/tls's write from the read, if any, ends by due
 		}
 		late := s.stopped.Load() && !stopped // after the wait: when the write begins
