@@ -3628,8 +3628,8 @@ func TestAPushBehindSeveralKeyUpdateAnswersIsNeverWritten(t *testing.T) {
 // A TLS session that ends on its own bad frame while another's writer is
 // at work (its push, which W does not read yet) gets the push, then its
 // ERROR 0x13, and is closed: the writer does not wait for a read that its
-// session's goroutine, ended, will never make (recordConn's busy ends with
-// it: mutant tls-ended-session-left-busy hung here).
+// session's goroutine, ended, will never make (a busy span left set at the
+// session's end hung here).
 func TestATLSSessionEndedOnItsOwnBadFrameGetsItsErrorFromAnothersWriter(t *testing.T) {
 	srv := &Server{IOTimeout: 3 * time.Second}
 	l := servePipe(t, srv)
@@ -3658,6 +3658,168 @@ func TestATLSSessionEndedOnItsOwnBadFrameGetsItsErrorFromAnothersWriter(t *testi
 	}
 	if len(got) != 2 || got[0].Type != TypeAcquired || got[1].Type != TypeError || got[1].Code != CodeUnknownType {
 		t.Errorf("W, promoted, then ended by its own bad byte, read %s within 2s; want ACQUIRED, then ERROR 0x13, then the close", showFrames(got))
+	}
+}
+
+// A waiter over TLS (NewTLSListener's metering) that sent 1 KiB of
+// HEARTBEATs in one record, promoted while its goroutine works through
+// that record at the flood rate, gets its push at once: the pace is
+// outside crypto/tls, where the push's writer need not wait. (The
+// break-review of 2f71b53, which counted the pace as busy: the writer
+// waited past its io-timeout, the push was lost and the session closed
+// as io_timeout, 3 of 3.)
+func TestAFloodingTLSWaiterGetsItsPushAtOnce(t *testing.T) {
+	for _, tc := range []struct {
+		io    time.Duration
+		bytes int
+	}{{300 * time.Millisecond, 1024}, {0, 16000}} { // 0: DefaultIOTimeout, 5s
+		t.Run(fmt.Sprint(tc.io, " ", tc.bytes), func(t *testing.T) { pushToAFloodingWaiter(t, tc.io, tc.bytes) })
+	}
+}
+
+func pushToAFloodingWaiter(t *testing.T, io time.Duration, n int) {
+	srv := &Server{IOTimeout: io}
+	l := servePipe(t, srv)
+	h := l.holder(t, "h", "x")
+	raw, server := net.Pipe()
+	defer raw.Close()
+	l.acceptTLS(t, namedConn{server, pipeAddr("w")})
+	// one record for the whole write, as crypto/tls sends once warmed up
+	c, _ := handshakeTLS13With(t, raw, &tls.Config{DynamicRecordSizingDisabled: true})
+	c.SetDeadline(time.Time{})
+	sendAcquire(t, c, "x", 10*time.Second)
+	mustRead(t, c, TypeWaiting)
+
+	var mu sync.Mutex
+	var got []Frame
+	acquired := make(chan time.Time, 1)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			f, err := ReadFrame(c)
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			got = append(got, f)
+			mu.Unlock()
+			if f.Type == TypeAcquired {
+				select {
+				case acquired <- time.Now():
+				default:
+				}
+			}
+		}
+	}()
+	beats := make([]byte, n)
+	for i := range beats {
+		beats[i] = TypeHeartbeat
+	}
+	if _, err := c.Write(beats); err != nil { // one record
+		t.Fatal(err)
+	}
+	time.Sleep(100 * time.Millisecond) // the session is inside the record, pacing
+	start := time.Now()
+	h.Close() // w is promoted: its push is owed
+	select {
+	case at := <-acquired:
+		if d := at.Sub(start); d > srv.ioTimeout() {
+			t.Errorf("the push came %v after the promotion, past the io-timeout", d)
+		}
+	case <-done:
+		mu.Lock()
+		t.Errorf("w, reading all along, was closed without its ACQUIRED (%d frames, last %s); stats %v", len(got), showFrames(got[max(len(got)-1, 0):]), srv.Stats().Releases)
+		mu.Unlock()
+	case <-time.After(20 * time.Second):
+		t.Errorf("no ACQUIRED within 20s of the promotion")
+	}
+}
+
+// Shutdown while a TLS session's goroutine is in Authorize: its ERROR 0x01
+// goes out at once (docs/protocol.md §5: to "one whose ACQUIRE is being
+// read or checked"). (The break-review of 2f71b53, where the ERROR's
+// writer waited for Authorize, past its io-timeout: lost, 3 of 3.)
+func TestShutdownsErrorReachesATLSSessionInAuthorize(t *testing.T) {
+	entered, release := make(chan struct{}, 1), make(chan struct{})
+	srv := &Server{IOTimeout: 300 * time.Millisecond, Authorize: func(_, _ string) bool {
+		entered <- struct{}{}
+		<-release
+		return true
+	}}
+	l := servePipe(t, srv)
+	c, raw := l.tlsClient(t, "c", tls.VersionTLS13)
+	defer raw.Close()
+	sendAcquire(t, c, "x", time.Minute)
+	<-entered
+	frames := make(chan []Frame, 1)
+	go func() { frames <- readRest(c) }()
+	shut := shutdownAsync(srv)
+	time.Sleep(600 * time.Millisecond) // two io-timeouts: Shutdown's bound has run
+	close(release)
+	awaitShutdown(t, shut)
+	raw.Close()
+	got := <-frames
+	if len(got) != 1 || got[0].Type != TypeError || got[0].Code != CodeShuttingDown {
+		t.Errorf("c received %s, want [ERROR(0x01)]", showFrames(got))
+	}
+}
+
+var _ = errors.Is
+
+// ForceRelease of a TLS holder whose goroutine works through a record of
+// HEARTBEATs at the flood rate: the ERROR 0x02 does not wait for the pace
+// (about 27 ms), even with an io-timeout of 20 ms. (The break-review of
+// 2f71b53: lost, 3 of 3.)
+func TestForceReleasesErrorReachesAFloodingTLSHolderAtOnce(t *testing.T) {
+	for _, io := range []time.Duration{20 * time.Millisecond, time.Second} {
+		t.Run(io.String(), func(t *testing.T) {
+			srv := &Server{IOTimeout: io}
+			l := servePipe(t, srv)
+			raw, server := net.Pipe()
+			defer raw.Close()
+			l.acceptTLS(t, namedConn{server, pipeAddr("h")})
+			c, _ := handshakeTLS13With(t, raw, &tls.Config{DynamicRecordSizingDisabled: true})
+			c.SetDeadline(time.Time{})
+			sendAcquire(t, c, "x", 10*time.Second)
+			mustRead(t, c, TypeAcquired)
+			errAt := make(chan time.Time, 1)
+			var last Frame
+			done := make(chan struct{})
+			go func() {
+				defer close(done)
+				for {
+					f, err := ReadFrame(c)
+					if err != nil {
+						return
+					}
+					last = f
+					if f.Type == TypeError {
+						errAt <- time.Now()
+					}
+				}
+			}()
+			beats := make([]byte, 4096)
+			for i := range beats {
+				beats[i] = TypeHeartbeat
+			}
+			if _, err := c.Write(beats); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(100 * time.Millisecond)
+			start := time.Now()
+			if _, err := srv.ForceRelease("x", 0); err != nil {
+				t.Fatal(err)
+			}
+			select {
+			case at := <-errAt:
+				t.Logf("ERROR 0x02 %v after ForceRelease returned", at.Sub(start))
+			case <-done:
+				t.Errorf("no ERROR 0x02 after ForceRelease (last frame %s, %v after)", showFrames([]Frame{last}), time.Since(start))
+			case <-time.After(10 * time.Second):
+				t.Errorf("no ERROR 0x02 within 10s")
+			}
+		})
 	}
 }
 

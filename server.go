@@ -389,13 +389,13 @@ type recordConn struct {
 	length [2]byte
 	body   int // bytes of the current record still to come
 
-	// busy is set from a Read's return with bytes to the next Read, or the
-	// session goroutine's end: only then may crypto/tls, handling records
-	// it took in, write from inside the session's read (a KeyUpdate's
-	// answer, an alert). Another's frame writer waits for its end before it
-	// looks at stopped (rule 5): behind such a write that the client does
-	// not read, crypto/tls would hold the frame's write back, past the
-	// session's end, for up to an io-timeout, and then write it.
+	// busy is set while the session's read is inside crypto/tls but not
+	// waiting for the network (session.read): only then may crypto/tls,
+	// handling records it took in, write from inside the read (a
+	// KeyUpdate's answer, an alert). Another's writer waits for its end
+	// before it looks at stopped (rule 5): behind such a write that the
+	// client does not read, crypto/tls would hold the frame's write back,
+	// past the session's end, for up to an io-timeout, and then write it.
 	bmu  sync.Mutex
 	busy bool
 	idle chan struct{} // closed at busy's end, for a writer waiting for it
@@ -411,7 +411,8 @@ func (c *recordConn) setBusy(busy bool) {
 }
 
 // awaitIdle waits until crypto/tls can no longer be inside a write from
-// the session's read; that write has the waiting writer's deadline.
+// the session's read: decrypting, or in a write with the waiting writer's
+// deadline.
 func (c *recordConn) awaitIdle() {
 	c.bmu.Lock()
 	for c.busy {
@@ -453,7 +454,7 @@ func (c *recordConn) SetReadDeadline(t time.Time) error {
 }
 
 func (c *recordConn) Read(b []byte) (int, error) {
-	c.setBusy(false) // crypto/tls has handled all it took in
+	c.setBusy(false) // crypto/tls has handled all it took in, and waits
 	// crypto/tls reads from the network only once it has handled every
 	// whole record it took in, and one of its reads may read a thousand
 	// records (to make up one handshake message): what it took in is paced
@@ -470,7 +471,7 @@ func (c *recordConn) Read(b []byte) (int, error) {
 		}
 	}
 	n, err := c.Conn.Read(b[:min(len(b), maxReadAhead)])
-	c.setBusy(n > 0)
+	c.setBusy(true) // back in crypto/tls
 	for p := b[:n]; len(p) > 0; {
 		if c.body > 0 {
 			k := min(c.body, len(p))
@@ -577,7 +578,7 @@ func (s *session) handshake() error {
 func (s *session) acquire() (time.Time, error) {
 	srv := s.srv
 	s.conn.SetDeadline(time.Now().Add(srv.ioTimeout()))
-	n, err := s.conn.Read(s.rbuf[:])
+	n, err := s.read(s.rbuf[:])
 	if n == 0 {
 		return time.Time{}, cmp.Or(err, io.EOF)
 	}
@@ -638,7 +639,7 @@ func (s *session) Read(p []byte) (int, error) {
 			s.r, s.w = 0, 0
 			s.conn.SetDeadline(time.Now().Add(s.srv.ioTimeout()))
 		}
-		n, err := s.conn.Read(p)
+		n, err := s.read(p)
 		if m := s.meter(); m != nil && n > 0 {
 			m.free++
 		}
@@ -675,7 +676,7 @@ func (s *session) run(deadline time.Time) {
 		var cost time.Duration // of this read, against the rate
 		if s.r == s.w {
 			s.conn.SetReadDeadline(deadline)
-			n, err := s.conn.Read(s.rbuf[:])
+			n, err := s.read(s.rbuf[:])
 			if n == 0 {
 				if isTimeout(err) {
 					err = errExpired
@@ -734,6 +735,20 @@ func later(a, b time.Time) time.Time {
 	return b
 }
 
+// read is the session's read from its connection. Over a NewTLSListener's
+// connection it is busy from its call, when crypto/tls may first handle
+// records it took in before, to its return, but while it waits for the
+// network (recordConn.Read).
+func (s *session) read(p []byte) (int, error) {
+	m := s.meter()
+	if m == nil {
+		return s.conn.Read(p)
+	}
+	m.setBusy(true)
+	defer m.setBusy(false)
+	return s.conn.Read(p)
+}
+
 // scan takes the heartbeats in rbuf, then the error of a bad frame.
 func (s *session) scan() (beats int, bad error) {
 	for ; s.r < s.w && s.rbuf[s.r] == TypeHeartbeat; s.r++ {
@@ -762,9 +777,6 @@ func (s *session) end(why error) {
 // retirement (wg.Done), which its caller does when it is done.
 func (s *session) endOwnLocked(why error) {
 	srv := s.srv
-	if m := s.meter(); m != nil {
-		m.setBusy(false) // its goroutine reads no more: crypto/tls writes nothing from a read
-	}
 	grants := srv.counts.Grants
 	srv.endLocked(s, why)
 	if srv.counts.Grants != grants {

@@ -439,18 +439,14 @@ mutant lease-watch-looks-once server.go 'TestTLSReadStuckBehindAPushEndsAtTheLea
 # Rule 5 over TLS: another's writer looks at stopped without first waiting
 # until crypto/tls cannot write from the read (the fresh review of
 # 2026-12-03); or a Read's return with bytes does not mark the span busy
-# (e7debad's gap: several KeyUpdates taken in at once); or the session's
-# end leaves it busy, and a writer waits for a read that never comes; or
-# the writer does not look at stopped after the wait.
+# (e7debad's gap: several KeyUpdates taken in at once); or the writer
+# does not look at stopped after the wait.
 mutant tls-writer-does-not-wait-for-the-read server.go 'TestAPushHeldBackByTLSPastTheEndIsNeverWritten|TestAPushBehindSeveralKeyUpdateAnswersIsNeverWritten' . \
   $'\t\t\tm.awaitIdle() // crypto/tls\'s write from the read, if any, ends by due' \
   $'\t\t\t_ = m'
 mutant tls-read-never-busy server.go 'TestAPushHeldBackByTLSPastTheEndIsNeverWritten|TestAPushBehindSeveralKeyUpdateAnswersIsNeverWritten' . \
-  $'\tc.setBusy(n > 0)\n' \
+  $'\tc.setBusy(true) // back in crypto/tls\n' \
   $''
-mutant tls-ended-session-left-busy server.go 'TestATLSSessionEndedOnItsOwnBadFrameGetsItsErrorFromAnothersWriter' . \
-  $'\t\tm.setBusy(false) // its goroutine reads no more: crypto/tls writes nothing from a read' \
-  $'\t\t_ = m'
 mutant tls-writer-does-not-look-after-the-wait server.go 'TestAPushHeldBackByTLSPastTheEndIsNeverWritten|TestAPushBehindAKeyUpdateAnswerTheClientReadsKeepsTheError' . \
   'late := s.stopped.Load() && !stopped // after the wait: when the write begins' \
   'late := stopped != stopped'
