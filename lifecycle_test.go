@@ -3479,9 +3479,15 @@ func TestLeaseEndCutInsideAFrameClosesAtOnce(t *testing.T) {
 // (The fresh review of 2026-12-03: W read the stale ACQUIRED, then the
 // ERROR, 20 of 20; d285c4c refused the push at the network, and W read
 // nothing.)
+//
+// "after a HEARTBEAT": the KeyUpdate comes in one read with a HEARTBEAT
+// before it, whose answer W reads: crypto/tls returns the HEARTBEAT and
+// handles the KeyUpdate only in the session's next read, before any read
+// from the network, which must count as busy from its call.
 func TestAPushHeldBackByTLSPastTheEndIsNeverWritten(t *testing.T) {
-	for _, end := range []string{"force release", "shutdown"} {
-		t.Run(end, func(t *testing.T) {
+	for _, c := range []struct{ end, before string }{{"force release", ""}, {"shutdown", ""}, {"force release", "after a HEARTBEAT"}} {
+		end := c.end
+		t.Run(strings.TrimSpace(end+" "+c.before), func(t *testing.T) {
 			srv := &Server{IOTimeout: 3 * time.Second}
 			l := servePipe(t, srv)
 			h := l.holder(t, "H", "x")
@@ -3492,8 +3498,15 @@ func TestAPushHeldBackByTLSPastTheEndIsNeverWritten(t *testing.T) {
 			sendAcquire(t, w, "x", time.Hour)
 			s.seq = 1 // the ACQUIRE was the first record
 			mustRead(t, w, TypeWaiting)
-			if _, err := raw.Write(s.keyUpdates(1)); err != nil {
+			var b []byte
+			if c.before != "" {
+				b = s.record(23, []byte{TypeHeartbeat})
+			}
+			if _, err := raw.Write(append(b, s.keyUpdates(1)...)); err != nil {
 				t.Fatal(err)
+			}
+			if c.before != "" {
+				mustRead(t, w, TypeWaiting)
 			}
 			time.Sleep(50 * time.Millisecond) // the server's read writes the answer, which W does not read
 			h.Close()                         // W is promoted: its push waits behind that answer

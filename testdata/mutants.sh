@@ -439,7 +439,8 @@ mutant lease-watch-looks-once server.go 'TestTLSReadStuckBehindAPushEndsAtTheLea
 # Rule 5 over TLS: another's writer looks at stopped without first waiting
 # until crypto/tls cannot write from the read (the fresh review of
 # 2026-12-03); or a Read's return with bytes does not mark the span busy
-# (e7debad's gap: several KeyUpdates taken in at once); or the writer
+# (e7debad's gap: several KeyUpdates taken in at once), or the session's
+# read from its call (records taken in by the read before); or the writer
 # does not look at stopped after the wait.
 mutant tls-writer-does-not-wait-for-the-read server.go 'TestAPushHeldBackByTLSPastTheEndIsNeverWritten|TestAPushBehindSeveralKeyUpdateAnswersIsNeverWritten' . \
   $'\t\t\tm.awaitIdle() // crypto/tls\'s write from the read, if any, ends by due' \
@@ -447,6 +448,9 @@ mutant tls-writer-does-not-wait-for-the-read server.go 'TestAPushHeldBackByTLSPa
 mutant tls-read-never-busy server.go 'TestAPushHeldBackByTLSPastTheEndIsNeverWritten|TestAPushBehindSeveralKeyUpdateAnswersIsNeverWritten' . \
   $'\tc.setBusy(true) // back in crypto/tls\n' \
   $''
+mutant tls-read-call-not-busy server.go 'TestAPushHeldBackByTLSPastTheEndIsNeverWritten' . \
+  $'\tm.setBusy(true)\n\tdefer m.setBusy(false)\n\treturn s.conn.Read(p)' \
+  $'\tdefer m.setBusy(false)\n\treturn s.conn.Read(p)'
 mutant tls-writer-does-not-look-after-the-wait server.go 'TestAPushHeldBackByTLSPastTheEndIsNeverWritten|TestAPushBehindAKeyUpdateAnswerTheClientReadsKeepsTheError' . \
   'late := s.stopped.Load() && !stopped // after the wait: when the write begins' \
   'late := stopped != stopped'
