@@ -1601,12 +1601,22 @@ func handshakeHeld(t *testing.T, raw net.Conn, alpn int) (*tls.Conn, *tls13Sende
 func holdOverTLS(t *testing.T, l *pipeListener, lease time.Duration) (net.Conn, *tls.Conn, *tls13Sender) {
 	t.Helper()
 	raw, server := net.Pipe()
+	c, s := joinOverTLS(t, l, raw, server, lease, TypeAcquired)
+	return raw, c, s
+}
+
+// joinOverTLS has l serve server, the other end of client, through its
+// metered TLS, joins lock x with lease by the test's own TLS 1.3 client on
+// client, and reads want: it returns the client and its record sender,
+// the ACQUIRE's record sent.
+func joinOverTLS(t *testing.T, l *pipeListener, client, server net.Conn, lease time.Duration, want byte) (*tls.Conn, *tls13Sender) {
+	t.Helper()
 	l.acceptTLS(t, server)
-	c, s := handshakeTLS13(t, raw)
+	c, s := handshakeTLS13(t, client)
 	sendAcquire(t, c, "x", lease)
 	s.seq = 1 // the ACQUIRE was the first record
-	mustRead(t, c, TypeAcquired)
-	return raw, c, s
+	mustRead(t, c, want)
+	return c, s
 }
 
 // refusing returns an address that refuses connections until its listen

@@ -1299,10 +1299,15 @@ func mustRead(t *testing.T, c net.Conn, typ byte) Frame {
 
 // readRest reads every frame until the connection ends.
 func readRest(c net.Conn) []Frame {
-	var fs []Frame
 	c.SetReadDeadline(time.Now().Add(time.Minute))
+	return readFrames(c)
+}
+
+// readFrames reads whole frames from r until it ends or one is cut.
+func readFrames(r io.Reader) []Frame {
+	var fs []Frame
 	for {
-		f, err := ReadFrame(c)
+		f, err := ReadFrame(r)
 		if err != nil {
 			return fs
 		}
@@ -3493,11 +3498,7 @@ func TestAPushHeldBackByTLSPastTheEndIsNeverWritten(t *testing.T) {
 			h := l.holder(t, "H", "x")
 			raw, server := net.Pipe()
 			defer raw.Close()
-			l.acceptTLS(t, namedConn{server, "W"})
-			w, s := handshakeTLS13(t, raw)
-			sendAcquire(t, w, "x", time.Hour)
-			s.seq = 1 // the ACQUIRE was the first record
-			mustRead(t, w, TypeWaiting)
+			w, s := joinOverTLS(t, l, raw, namedConn{server, "W"}, time.Hour, TypeWaiting)
 			var b []byte
 			if c.before != "" {
 				b = s.record(23, []byte{TypeHeartbeat})
@@ -3592,12 +3593,8 @@ func TestAPushBehindSeveralKeyUpdateAnswersIsNeverWritten(t *testing.T) {
 			h := l.holder(t, "H", "x")
 			raw, server := net.Pipe()
 			defer raw.Close()
-			l.acceptTLS(t, namedConn{server, "W"})
 			pc := &prefixConn{Conn: raw}
-			w, s := handshakeTLS13(t, pc)
-			sendAcquire(t, w, "x", time.Hour)
-			s.seq = 1 // the ACQUIRE was the first record
-			mustRead(t, w, TypeWaiting)
+			w, s := joinOverTLS(t, l, pc, namedConn{server, "W"}, time.Hour, TypeWaiting)
 			if _, err := raw.Write(s.keyUpdates(k)); err != nil {
 				t.Fatal(err)
 			}
@@ -3764,7 +3761,11 @@ func TestShutdownsErrorReachesATLSSessionInAuthorize(t *testing.T) {
 	c, raw := l.tlsClient(t, "c", tls.VersionTLS13)
 	defer raw.Close()
 	sendAcquire(t, c, "x", time.Minute)
-	<-entered
+	select {
+	case <-entered:
+	case <-time.After(wait):
+		t.Fatalf("Authorize not called within %v", wait)
+	}
 	frames := make(chan []Frame, 1)
 	go func() { frames <- readRest(c) }()
 	shut := shutdownAsync(srv)
@@ -3772,7 +3773,12 @@ func TestShutdownsErrorReachesATLSSessionInAuthorize(t *testing.T) {
 	close(release)
 	awaitShutdown(t, shut)
 	raw.Close()
-	got := <-frames
+	var got []Frame
+	select {
+	case got = <-frames:
+	case <-time.After(wait):
+		t.Fatalf("c's reads did not end within %v of its connection's close", wait)
+	}
 	if len(got) != 1 || got[0].Type != TypeError || got[0].Code != CodeShuttingDown {
 		t.Errorf("c received %s, want [ERROR(0x01)]", showFrames(got))
 	}
@@ -4010,30 +4016,22 @@ func TestABegunTLSWriteGoesOnAcrossItsRecords(t *testing.T) {
 			waitFor(t, "the WAITING's record written", func() bool { return aw.writes.Load() == 3 }) // two of the handshake
 			aw.armed.Store(true)
 			h.Close() // W is promoted; the end lands once its push's first record is out
-			got := <-done
+			var got []byte
+			select {
+			case got = <-done:
+			case <-time.After(2 * wait):
+				t.Fatalf("W's reads did not end within %v", 2*wait)
+			}
 			if called != nil {
 				t.Fatal(called)
 			}
-			fs := readFramesOf(got)
+			fs := readFrames(bytes.NewReader(got))
 			if len(got) == 0 || frameEnd(got, len(got)) != len(got) || len(fs) == 0 || fs[len(fs)-1].Type != TypeError {
 				t.Errorf("W read % x after ForceRelease, then the end of the stream: a frame torn after its first byte, and no ERROR 0x02 (Stats.Errors %v); want the whole frame, then the ERROR", got, srv.Stats().Errors)
 			} else {
 				t.Logf("W read %s (% x)", showFrames(fs), got)
 			}
 		})
-	}
-}
-
-// readFramesOf parses the whole frames at the front of b.
-func readFramesOf(b []byte) []Frame {
-	var fs []Frame
-	r := bytes.NewReader(b)
-	for {
-		f, err := ReadFrame(r)
-		if err != nil {
-			return fs
-		}
-		fs = append(fs, f)
 	}
 }
 
@@ -4052,11 +4050,7 @@ func TestAPushBehindAKeyUpdateAnswerTheClientReadsKeepsTheError(t *testing.T) {
 			raw, server := net.Pipe()
 			defer raw.Close()
 			aw := &afterWriteConn{Conn: namedConn{server, "W"}}
-			l.acceptTLS(t, aw) // metered: newRecordConn(aw), as NewTLSListener
-			w, s := handshakeTLS13(t, raw)
-			sendAcquire(t, w, "x", time.Hour)
-			s.seq = 1 // the ACQUIRE was the first record
-			mustRead(t, w, TypeWaiting)
+			w, s := joinOverTLS(t, l, raw, aw, time.Hour, TypeWaiting)
 			before := aw.writes.Load()
 			waitFor(t, "the WAITING's record written", func() bool { return aw.writes.Load() == before })
 			time.Sleep(20 * time.Millisecond)
@@ -4789,11 +4783,7 @@ func TestKeyUpdateStuckInAReadEndsAtTheLease(t *testing.T) {
 
 	client, server := net.Pipe()
 	defer client.Close()
-	l.acceptTLS(t, namedConn{server, "W"})
-	w, s := handshakeTLS13(t, client)
-	sendAcquire(t, w, "x", lease)
-	s.seq = 1 // the ACQUIRE was the first record
-	mustRead(t, w, TypeWaiting)
+	_, s := joinOverTLS(t, l, client, namedConn{server, "W"}, lease, TypeWaiting)
 	x := l.waiter(t, "X", "x", time.Minute)
 
 	client.SetWriteDeadline(time.Now().Add(wait))
