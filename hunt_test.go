@@ -314,14 +314,17 @@ var setReceiveBuffer func(fd uintptr, n int) error
 
 // probeListener hands the server probeConns over TCP, with the least send
 // buffer the kernel allows; with tls set, each under a TLS server
-// connection, so that the log sees the ciphertext.
+// connection, so that the log sees the ciphertext, every other one
+// through a recordConn as NewTLSListener's are (metered, and its writers
+// waiting for its read's records to be handled).
 type probeListener struct {
 	net.Listener
-	log     probeLog
-	tls     *tls.Config
-	blocked atomic.Int64 // see timedConn
-	mu      sync.Mutex
-	conns   map[string]*timedConn // by name
+	log      probeLog
+	tls      *tls.Config
+	blocked  atomic.Int64 // see timedConn
+	mu       sync.Mutex
+	conns    map[string]*timedConn // by name
+	accepted int                   // every other TLS connection is metered
 }
 
 func (l *probeListener) Accept() (net.Conn, error) {
@@ -339,7 +342,11 @@ func (l *probeListener) Accept() (net.Conn, error) {
 	l.conns[pc.name] = tc
 	l.mu.Unlock()
 	if l.tls != nil {
-		return tls.Server(pc, l.tls), nil
+		var under net.Conn = pc
+		if l.accepted++; l.accepted%2 == 0 {
+			under = newRecordConn(pc) // as NewTLSListener's
+		}
+		return tls.Server(under, l.tls), nil
 	}
 	return pc, nil
 }
@@ -1744,16 +1751,19 @@ func (c *stressClient) session() {
 // before its writes and, on a goroutine of their own, at random moments
 // whatever the script is doing (silent, half-way through a frame, waiting
 // for its drop). A third of the clients, and every flooder, read nothing
-// until late, with 2 KiB receive buffers. The server answers a KeyUpdate
-// from inside its read, with no flood pause, so that a flooder fills the
-// buffers in a few hundred milliseconds where heartbeats, whose answers
-// the server paces, do not within a run: its server's writes block, some
-// until they time out (the run logs how many writes to the socket were
-// blocked for 20ms or more, and how many timed out; over TCP none is
-// blocked). Most are KeyUpdates' answers, with the server's read inside
-// them, and the frames' writer waiting behind them on crypto/tls's lock
-// (which the test cannot time); about one in ten is a write of frames
-// blocked on the socket itself.
+// until late, with 2 KiB receive buffers. Every other connection goes
+// through a recordConn, as NewTLSListener's do: the flood rate charges its
+// records, and another's writer waits for the records its read took in to
+// be handled. On the rest the server answers a KeyUpdate from inside its
+// read, with no flood pause, so that a flooder fills the buffers in a few
+// hundred milliseconds where heartbeats, whose answers the server paces, do
+// not within a run: its server's writes block, some until they time out
+// (the run logs how many writes to the socket were blocked for 20ms or
+// more, and how many timed out; over TCP none is blocked). Most are
+// KeyUpdates' answers, with the server's read inside them, and the frames'
+// writer waiting behind them on crypto/tls's lock (which the test cannot
+// time); about one in ten is a write of frames blocked on the socket
+// itself.
 //
 // The server's log (probeListener) sits under the TLS layer and sees
 // ciphertext: the test decrypts it (tlsPlaintext) with the secrets of each

@@ -451,6 +451,11 @@ mutant tls-read-never-busy server.go 'TestAPushHeldBackByTLSPastTheEndIsNeverWri
 mutant tls-read-call-not-busy server.go 'TestAPushHeldBackByTLSPastTheEndIsNeverWritten' . \
   $'\tm.setBusy(true)\n\tdefer m.setBusy(false)\n\treturn s.conn.Read(p)' \
   $'\tdefer m.setBusy(false)\n\treturn s.conn.Read(p)'
+# A read that never says it waits for the network: another's writer waits
+# for the session's next frame.
+mutant tls-read-stays-busy server.go 'TestPushBegunAtALeaseEndIsCutTLS' . \
+  $'\tc.setBusy(false) // crypto/tls has handled all it took in, and waits\n' \
+  $''
 mutant tls-writer-does-not-look-after-the-wait server.go 'TestAPushHeldBackByTLSPastTheEndIsNeverWritten|TestAPushBehindAKeyUpdateAnswerTheClientReadsKeepsTheError' . \
   'late := s.stopped.Load() && !stopped // after the wait: when the write begins' \
   'late := stopped != stopped'
