@@ -588,6 +588,45 @@ func TestSnapshotsNameEachIdentity(t *testing.T) {
 	}
 }
 
+// FIFO order is the order of joining, each after its ACQUIRE was read and
+// authorized (docs/protocol.md §1): A, whose ACQUIRE was read first but
+// whose check is slow, queues behind B, read later and checked at once.
+func TestQueueOrderIsTheOrderOfJoiningAfterAuthorize(t *testing.T) {
+	var calls atomic.Int32
+	checking, done := make(chan struct{}), make(chan struct{})
+	srv := &Server{Authorize: func(identity, lock string) bool {
+		if calls.Add(1) == 2 { // A's
+			close(checking)
+			<-done
+		}
+		return true
+	}}
+	addr := startServer(t, srv)
+	h := dialRaw(t, addr)
+	h.send(acquire("x", time.Minute))
+	h.expectAcquired()
+	a := dialRaw(t, addr)
+	a.send(acquire("x", time.Minute))
+	select {
+	case <-checking:
+	case <-time.After(wait):
+		t.Fatal("A's Authorize never began")
+	}
+	b := dialRaw(t, addr)
+	b.send(acquire("x", time.Minute))
+	b.expectWaiting()
+	close(done)
+	a.expectWaiting()
+
+	h.Close()
+	tb := b.expectAcquired()
+	a.expectSilence(100 * time.Millisecond)
+	b.Close()
+	if ta := a.expectAcquired(); ta <= tb {
+		t.Fatalf("A's token %d after B's %d", ta, tb)
+	}
+}
+
 func TestAuthorizeHook(t *testing.T) {
 	var asked []string
 	var mu sync.Mutex
