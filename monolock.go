@@ -13,18 +13,17 @@
 //
 // # Guarantees and limits
 //
-// At most one holder per lock at any instant, as the server sees it;
-// waiters granted in the order they joined the queue, each once its ACQUIRE
-// was read and authorized; fencing tokens from one sequence for all
-// locks, strictly increasing and at least the grant's wall-clock time in
-// Unix nanoseconds, so that a restart continues above its predecessor
-// unless the clock stepped back. A client that follows the
-// heartbeat rules gives up its claim (0.8 of its lease after the send of
-// its last confirmed message) before the server can grant the lock to
-// another. One server, in memory: when it stops every lock is released.
-// Against a holder that stalls (a GC pause, a frozen VM) exclusion is only
-// as good as its reaction to the loss: pass the token to the guarded
-// resource and let it refuse a token lower than one it has seen.
+// At most one holder per lock at any instant, as the server sees it; waiters
+// granted in the order they joined the queue, each once its ACQUIRE was read
+// and authorized; fencing tokens from one sequence for all locks, strictly
+// increasing and at least the grant's wall-clock time in Unix nanoseconds,
+// so that a restart continues above its predecessor unless the clock stepped
+// back. A client that follows the heartbeat rules gives up its claim (0.8 of
+// its lease after the send of its last confirmed message) before the server
+// can grant the lock to another. One server, in memory: when it stops every
+// lock is released. Against a holder that stalls (a GC pause, a frozen VM)
+// exclusion is only as good as its reaction to the loss: pass the token to
+// the guarded resource and let it refuse a token lower than one it has seen.
 //
 // # Use
 //
