@@ -51,6 +51,10 @@ import (
 //     joinLocked before they decide; endLocked, given an end without a
 //     code (a close, a failed write); and expireLocked for those who find
 //     it (promoteLocked, kick, Shutdown, another's writer at each take).
+// 11. A session's goroutine alone reads it, but for linger: after its final
+//     ERROR, its writer half-closes and reads on, beneath TLS, by a
+//     deadline of its own, until the client closes, a timer's close or
+//     Close.
 
 // DefaultIOTimeout is the io-timeout of a Server whose IOTimeout is zero.
 const DefaultIOTimeout = 5 * time.Second
@@ -131,7 +135,7 @@ const (
 	phaseClosed
 )
 
-// session is one connection: its goroutine alone reads, drainLocked writes.
+// session is one connection: its goroutine reads (and linger), drainLocked writes.
 type session struct {
 	srv      *Server
 	conn     net.Conn
@@ -280,8 +284,9 @@ func (srv *Server) start(conn net.Conn) {
 
 // Shutdown stops accepting, sends ERROR 0x01 to every session not already
 // ending (but one in its TLS handshake, closed, and one past its lease,
-// closed as expired), promoting nobody, and waits for them (closing those
-// not done in an io-timeout) and for OnEvent. When ctx ends it closes all
+// closed as expired), promoting nobody, and waits for them, each until its
+// client closes after the ERROR, a second at most (closing those not done
+// in an io-timeout), and for OnEvent. When ctx ends it closes all
 // and returns ctx's error.
 func (srv *Server) Shutdown(ctx context.Context) error {
 	srv.mu.Lock()
@@ -597,7 +602,7 @@ func (s *session) acquire() (time.Time, error) {
 	}
 	read := time.Now() // lastSeenAt
 	s.name = f.Name
-	if srv.Authorize != nil && !srv.Authorize(s.identity, f.Name) {
+	if srv.Authorize != nil && (s.ending() || !srv.Authorize(s.identity, f.Name)) {
 		srv.mu.Lock()
 		denied := s.phase < phaseEnding // else Shutdown ended it meanwhile, with its own word
 		if denied {
@@ -626,6 +631,13 @@ func (s *session) acquire() (time.Time, error) {
 	deadline := s.leaseEndLocked()
 	s.drainOwnLocked()
 	return deadline, nil
+}
+
+// ending: Shutdown has ended s, whose reads go on while its close lingers.
+func (s *session) ending() bool {
+	s.srv.mu.Lock()
+	defer s.srv.mu.Unlock()
+	return s.phase >= phaseEnding
 }
 
 // Read is io.Reader through rbuf for the rest of the ACQUIRE, which gets
@@ -1038,11 +1050,19 @@ func releaseReason(why error) string {
 // nothing more is written.
 func (s *session) drainLocked(own bool) {
 	srv := s.srv
+	sent := false // the final ERROR, whole: the close lingers
 	for {
 		if !own {
 			srv.expireLocked(s) // its own writes have the lease's end as their deadline
 		}
 		b, fin, due := s.takeLocked(own)
+		if b == nil && sent && s.phase == phaseEnding {
+			sent = false
+			srv.mu.Unlock()
+			s.linger(min(lingerTime, srv.ioTimeout())) // ending and counted meanwhile: Close cuts it
+			srv.mu.Lock()
+			continue
+		}
 		if b == nil {
 			s.writing = false
 			closing := s.phase == phaseEnding
@@ -1089,11 +1109,58 @@ func (s *session) drainLocked(own bool) {
 		switch code, _ := codeOf(fin); {
 		case err == nil && fin != nil:
 			srv.counts.Errors[code]++
+			sent = true
 		case cut: // the stream is whole: a final ERROR in b is owed again
 			s.final = cmp.Or(s.final, fin)
 		case err != nil:
 			srv.stopLocked(s, err)
 			s.owedWaiting, s.owedAcquired, s.final = 0, 0, nil
+		}
+	}
+}
+
+// lingerTime bounds the linger after a final ERROR, unless the io-timeout
+// is shorter: time for a client to read it and close, and for a lost
+// segment of it to be sent again.
+const lingerTime = time.Second
+
+// linger half-closes s's connection, then reads and drops what the client
+// sends until it closes, for d or 64 KiB at most: closed with input
+// unread, the socket would send a reset, which discards what was sent
+// before it and not yet acknowledged or read (the final ERROR). It reads
+// the socket under TLS and the meter, which Go lets two goroutines read at
+// once: the session's may still be in a read, and set the read deadline
+// (its lease's end) at any time; so the linger sets its own before each
+// read, and a close ends it at d whatever the deadline. Other connections
+// (a net.Pipe, a listener's wrapper, whose reads may not bear two readers)
+// are closed at once.
+func (s *session) linger(d time.Duration) {
+	c := s.conn
+	if s.tls != nil {
+		c = s.tls.NetConn()
+	}
+	if m, ok := c.(*recordConn); ok {
+		c = m.Conn
+	}
+	err := errors.ErrUnsupported
+	switch c := c.(type) {
+	case *net.TCPConn:
+		err = c.CloseWrite()
+	case *net.UnixConn:
+		err = c.CloseWrite()
+	}
+	if err != nil {
+		return
+	}
+	end := time.Now().Add(d)
+	t := time.AfterFunc(d, func() { c.Close() })
+	defer t.Stop()
+	buf := make([]byte, 512) // not io.Discard's 8 KiB, for each of a Shutdown's sessions
+	for left := 1 << 16; left > 0 && time.Now().Before(end); {
+		c.SetReadDeadline(end)
+		n, err := c.Read(buf[:min(left, len(buf))])
+		if left -= n; err != nil && !isTimeout(err) {
+			return
 		}
 	}
 }

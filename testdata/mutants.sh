@@ -248,6 +248,40 @@ mutant tls-failed-handshake-not-drained server.go 'TestRefusedClientCertificateG
 mutant tls-drain-past-io-timeout server.go 'TestAStalledTLSHandshakeEndsAtItsIOTimeout' . \
   'm.Conn.SetReadDeadline(earlier(time.Now().Add(50*time.Millisecond), deadline))' \
   'm.Conn.SetReadDeadline(time.Now().Add(50*time.Millisecond))'
+# The final ERROR's close does not linger: closed with input unread, it is a reset.
+mutant no-linger-after-final-error server.go 'TestFinalErrorIsFollowedByAFinNotAReset' . \
+  $'\t\t\tsent = true\n' \
+  ''
+# The linger waits without reading: its close is a reset all the same, and
+# it waits out its bound after the client's close.
+mutant linger-does-not-read server.go 'TestTheLingerAfterAFinalError' . \
+  'n, err := c.Read(buf[:min(left, len(buf))])' \
+  'n, err := 0, error(nil); _ = buf; time.Sleep(time.Until(end))'
+# The linger has no backstop: the session's goroutine, out of the flood
+# rate's wait, sets its lease's end as the read deadline, and the linger
+# waits to it.
+mutant linger-unbounded server.go 'TestTheLingerAfterAFinalError' . \
+  't := time.AfterFunc(d, func() { c.Close() })' \
+  't := time.AfterFunc(time.Hour, func() { c.Close() })'
+# The linger reads by the deadline the session's goroutine left: past, after
+# a slow Authorize, it reads nothing.
+mutant linger-trusts-the-deadline server.go 'TestTheLingerAfterAFinalError' . \
+  $'\t\tc.SetReadDeadline(end)\n' \
+  ''
+# A session that Shutdown ended while its ACQUIRE was on its way has it
+# authorized: the linger leaves the session's reads open.
+mutant authorize-after-shutdown server.go 'TestAnACQUIREReadAfterShutdownIsNotAuthorized' . \
+  'if srv.Authorize != nil && (s.ending() || !srv.Authorize(s.identity, f.Name)) {' \
+  'if srv.Authorize != nil && !srv.Authorize(s.identity, f.Name) {'
+# No half-close: the client sees the end only at the linger's bound.
+mutant linger-without-fin server.go 'TestTheLingerAfterAFinalError' . \
+  $'case *net.TCPConn:\n\t\terr = c.CloseWrite()' \
+  $'case *net.TCPConn:\n\t\terr = nil'
+# The lingering session is no longer counted: Close, and so Shutdown at its
+# io-timeout, cannot cut the linger.
+mutant linger-uncounted server.go 'TestTheLingerAfterAFinalError' . \
+  $'\t\t\tsrv.mu.Unlock()\n\t\t\ts.linger(' \
+  $'\t\t\tdelete(srv.sessions, s)\n\t\t\tsrv.mu.Unlock()\n\t\t\ts.linger('
 # The rate's wait is not woken by Shutdown, which waits for the session's goroutine.
 mutant rate-wait-deaf-to-shutdown server.go 'TestShutdownDoesNotWaitForTheFloodRate' . \
   $'case <-t.C:\n\t\tcase <-done:' \
