@@ -378,6 +378,8 @@ func (l recordListener) Accept() (net.Conn, error) {
 
 func newRecordConn(c net.Conn) *recordConn { return &recordConn{Conn: c} }
 
+func (c *recordConn) NetConn() net.Conn { return c.Conn }
+
 // recordConn counts the TLS records read through it, a unit each and one
 // more for each whole KiB of one, and after the handshake charges them to
 // the session's rate before each read from the network, for the one
@@ -1128,19 +1130,16 @@ const lingerTime = time.Second
 // sends until it closes, for d or 64 KiB at most: closed with input
 // unread, the socket would send a reset, which discards what was sent
 // before it and not yet acknowledged or read (the final ERROR). It reads
-// the socket under TLS and the meter, which Go lets two goroutines read at
-// once: the session's may still be in a read, and set the read deadline
-// (its lease's end) at any time; so the linger sets its own before each
-// read, and a close ends it at d whatever the deadline. Other connections
-// (a net.Pipe, a listener's wrapper, whose reads may not bear two readers)
-// are closed at once.
+// the socket beneath TLS, the meter and any wrapper with a NetConn method,
+// which Go lets two goroutines read at once: the session's may still be in
+// a read, and set the read deadline (its lease's end) at any time; so the
+// linger sets its own before each read, and a close ends it at d whatever
+// the deadline. Other connections (a net.Pipe) are closed at once.
 func (s *session) linger(d time.Duration) {
+	type wrapper interface{ NetConn() net.Conn } // tls.Conn, recordConn, a listener's
 	c := s.conn
-	if s.tls != nil {
-		c = s.tls.NetConn()
-	}
-	if m, ok := c.(*recordConn); ok {
-		c = m.Conn
+	for w, ok := c.(wrapper); ok; w, ok = c.(wrapper) {
+		c = w.NetConn()
 	}
 	err := errors.ErrUnsupported
 	switch c := c.(type) {
