@@ -5051,6 +5051,33 @@ func TestTheLingerAfterAFinalError(t *testing.T) {
 			Frame{Type: TypeError, Code: CodeNotAuthorized})
 		closedWithoutReset(t, c, srv)
 	})
+	t.Run("through a listener's wrapper with NetConn", func(t *testing.T) {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		srv := &Server{}
+		c := dialRaw(t, serveOn(t, srv, wrappingListener{ln}))
+		toEOF(t, c, trailed, badByte...)
+		closedWithoutReset(t, c, srv)
+	})
+	t.Run("the debug line of an administrator's end", func(t *testing.T) {
+		// The session's read, woken by the linger's deadline, is not the cause.
+		var logs syncBuffer
+		srv := &Server{Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))}
+		c := dialRaw(t, startServer(t, srv))
+		c.send(acquire("linger", time.Minute))
+		c.expectAcquired()
+		if _, err := srv.ForceRelease("linger", 0); err != nil {
+			t.Fatal(err)
+		}
+		toEOF(t, c, nil, Frame{Type: TypeError, Code: CodeClosedByAdmin})
+		closedWithoutReset(t, c, srv)
+		waitFor(t, "the debug line", func() bool { return strings.Contains(logs.String(), "session ended") })
+		if line := logs.String(); !strings.Contains(line, `why="ended by another"`) {
+			t.Errorf("got %q, want the session's end by another as its cause", line)
+		}
+	})
 	t.Run("clients that close", func(t *testing.T) {
 		srv := &Server{}
 		addr := startServer(t, srv)
@@ -5101,6 +5128,23 @@ func TestAnACQUIREReadAfterShutdownIsNotAuthorized(t *testing.T) {
 	if st := srv.Stats(); st.Acquires != 0 || st.Denials != 0 {
 		t.Errorf("Acquires %d, Denials %d; want 0 0", st.Acquires, st.Denials)
 	}
+}
+
+// wrappingListener hands the server its connections wrapped, as a
+// listener that counts or limits them would, with the connection beneath
+// named by NetConn.
+type wrappingListener struct{ net.Listener }
+
+type wrappedConn struct{ net.Conn }
+
+func (c wrappedConn) NetConn() net.Conn { return c.Conn }
+
+func (l wrappingListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	return wrappedConn{c}, nil
 }
 
 func mustFrame(t *testing.T, f Frame) []byte {

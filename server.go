@@ -791,6 +791,9 @@ func (s *session) end(why error) {
 // retirement (wg.Done), which its caller does when it is done.
 func (s *session) endOwnLocked(why error) {
 	srv := s.srv
+	if s.phase >= phaseEnding {
+		why = errEnded // what the read met after (a close, the linger's deadline) is not the cause
+	}
 	grants := srv.counts.Grants
 	srv.endLocked(s, why)
 	if srv.counts.Grants != grants {

@@ -268,6 +268,16 @@ mutant linger-unbounded server.go 'TestTheLingerAfterAFinalError' . \
 mutant linger-trusts-the-deadline server.go 'TestTheLingerAfterAFinalError' . \
   $'\t\tc.SetReadDeadline(end)\n' \
   ''
+# The linger looks beneath tls.Conn alone: not beneath the meter nor a
+# listener's wrapper, whose sockets are closed with their input unread.
+mutant linger-beneath-tls-only server.go 'TestTheLingerAfterAFinalError|TestFinalErrorIsFollowedByAFinNotAReset' . \
+  'type wrapper interface{ NetConn() net.Conn }' \
+  'type wrapper interface{ NetConn() net.Conn; ConnectionState() tls.ConnectionState }'
+# The debug line of a session another ended gives what its read met after
+# (the linger's deadline: "silent for longer than its lease") as the cause.
+mutant end-logged-with-the-reads-error server.go 'TestTheLingerAfterAFinalError' . \
+  $'\t\twhy = errEnded // what the read met after' \
+  $'\t\t_ = errEnded // what the read met after'
 # A session that Shutdown ended while its ACQUIRE was on its way has it
 # authorized: the linger leaves the session's reads open.
 mutant authorize-after-shutdown server.go 'TestAnACQUIREReadAfterShutdownIsNotAuthorized' . \
