@@ -871,9 +871,9 @@ type probeConn struct {
 	beforeWrite func(b []byte)            // after the write's start is counted and logged
 }
 
-// NetConn is the connection beneath, which the server's linger after a
+// beneath is the connection beneath, which the server's linger after a
 // final ERROR reads unlogged (it decides nothing).
-func (c *probeConn) NetConn() net.Conn { return c.Conn }
+func (c *probeConn) beneath() net.Conn { return c.Conn }
 
 func (c *probeConn) Read(b []byte) (int, error) {
 	n, err := c.Conn.Read(b)

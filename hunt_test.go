@@ -360,7 +360,7 @@ type timedConn struct {
 	cuts    atomic.Int64
 }
 
-func (c *timedConn) NetConn() net.Conn { return c.Conn } // for the server's linger
+func (c *timedConn) beneath() net.Conn { return c.Conn } // for the server's linger
 
 func (c *timedConn) SetWriteDeadline(t time.Time) error {
 	if !t.IsZero() && t.Before(time.Now().Add(-time.Hour)) {

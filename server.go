@@ -100,8 +100,8 @@ type Server struct {
 
 	mu         sync.Mutex // guards everything below and every session's state (rule 1)
 	locks      map[string]*lock
-	sessions   map[*session]struct{} // until their connection is closed
-	listeners  map[net.Listener]struct{}
+	sessions   map[*session]struct{}      // until their connection is closed
+	listeners  map[*net.Listener]struct{} // by Serve's own variable: a listener's type may not be comparable
 	lastToken  uint64
 	done       chan struct{} // closed when shutdown begins
 	counts     Stats         // all but the gauges
@@ -214,7 +214,7 @@ func (srv *Server) initLocked() {
 	if srv.locks == nil {
 		srv.locks = make(map[string]*lock)
 		srv.sessions = make(map[*session]struct{})
-		srv.listeners = make(map[net.Listener]struct{})
+		srv.listeners = make(map[*net.Listener]struct{})
 		srv.counts.Releases = map[string]uint64{ReasonGraceful: 0, ReasonExpired: 0, ReasonIOTimeout: 0, ReasonForce: 0}
 		srv.counts.Errors = map[Code]uint64{}
 		srv.done = make(chan struct{})
@@ -232,12 +232,12 @@ func (srv *Server) Serve(l net.Listener) error {
 		l.Close() // else the kernel accepts on it for nobody
 		return ErrServerClosed
 	}
-	srv.listeners[l] = struct{}{}
+	srv.listeners[&l] = struct{}{}
 	done := srv.done
 	srv.mu.Unlock()
 	defer func() {
 		srv.mu.Lock()
-		delete(srv.listeners, l)
+		delete(srv.listeners, &l)
 		srv.mu.Unlock()
 	}()
 	for delay := time.Duration(0); ; {
@@ -331,7 +331,7 @@ func (srv *Server) beginCloseLocked() (listeners []io.Closer) {
 		close(srv.done)
 	}
 	for l := range srv.listeners {
-		listeners = append(listeners, l)
+		listeners = append(listeners, *l)
 	}
 	for s := range srv.sessions {
 		if !srv.expireLocked(s) {
@@ -378,7 +378,13 @@ func (l recordListener) Accept() (net.Conn, error) {
 
 func newRecordConn(c net.Conn) *recordConn { return &recordConn{Conn: c} }
 
-func (c *recordConn) NetConn() net.Conn { return c.Conn }
+// ownConn is a connection of this package's, over another: the linger
+// looks beneath it, as it never does beneath a listener's wrapper, whose
+// NetConn method, if any, may name a socket it shares or buffers, or
+// itself.
+type ownConn interface{ beneath() net.Conn }
+
+func (c *recordConn) beneath() net.Conn { return c.Conn }
 
 // recordConn counts the TLS records read through it, a unit each and one
 // more for each whole KiB of one, and after the handshake charges them to
@@ -510,7 +516,7 @@ func (c *recordConn) take() (units int) {
 var (
 	errExpired   = errors.New("silent for longer than its lease")
 	errUnread    = errors.New("more than 65536 answers unread")
-	errEnded     = errors.New("ended by another") // Shutdown, an administrator, a failed write
+	errEnded     = errors.New("already ended")    // by Shutdown, an administrator, a failed write, a promoter
 	errEndedHere = errors.New("ended in acquire") // not an end: acquire has ended the session
 )
 
@@ -792,7 +798,7 @@ func (s *session) end(why error) {
 func (s *session) endOwnLocked(why error) {
 	srv := s.srv
 	if s.phase >= phaseEnding {
-		why = errEnded // what the read met after (a close, the linger's deadline) is not the cause
+		why = errEnded // not what the read met after (a close, the linger's deadline)
 	}
 	grants := srv.counts.Grants
 	srv.endLocked(s, why)
@@ -1133,16 +1139,18 @@ const lingerTime = time.Second
 // sends until it closes, for d or 64 KiB at most: closed with input
 // unread, the socket would send a reset, which discards what was sent
 // before it and not yet acknowledged or read (the final ERROR). It reads
-// the socket beneath TLS, the meter and any wrapper with a NetConn method,
-// which Go lets two goroutines read at once: the session's may still be in
-// a read, and set the read deadline (its lease's end) at any time; so the
-// linger sets its own before each read, and a close ends it at d whatever
-// the deadline. Other connections (a net.Pipe) are closed at once.
+// the socket beneath TLS and the meter, which Go lets two goroutines read
+// at once: the session's may still be in a read, and set the read deadline
+// (its lease's end) at any time; so the linger sets its own before each
+// read, and a close ends it at d whatever the deadline. Other connections
+// (a net.Pipe, a listener's wrapper) are closed at once.
 func (s *session) linger(d time.Duration) {
-	type wrapper interface{ NetConn() net.Conn } // tls.Conn, recordConn, a listener's
 	c := s.conn
-	for w, ok := c.(wrapper); ok; w, ok = c.(wrapper) {
-		c = w.NetConn()
+	if s.tls != nil {
+		c = s.tls.NetConn()
+	}
+	for w, ok := c.(ownConn); ok; w, ok = c.(ownConn) {
+		c = w.beneath()
 	}
 	err := errors.ErrUnsupported
 	switch c := c.(type) {

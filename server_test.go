@@ -373,6 +373,37 @@ func (l *flakyListener) Accept() (net.Conn, error) {
 	return l.Listener.Accept()
 }
 
+// Serve takes any net.Listener, one whose type cannot be a map key (a
+// struct value with a func field) too: it serves it and closes it at
+// Shutdown. Before, Serve panicked ("hash of unhashable type").
+func TestServeTakesAListenerOfAnyType(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &Server{}
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(funcListener{ln, func() {}}) }()
+	c := dialRaw(t, ln.Addr().String())
+	c.send(acquire("any", time.Minute))
+	c.expectAcquired()
+	if err := srv.Shutdown(bounded(t)); err != nil {
+		t.Fatal(err)
+	}
+	if err := await(t, served, "Serve's return"); !errors.Is(err, ErrServerClosed) {
+		t.Errorf("Serve = %v, want ErrServerClosed", err)
+	}
+	if _, err := net.DialTimeout("tcp", ln.Addr().String(), wait); err == nil {
+		t.Error("the listener still accepts after Shutdown")
+	}
+}
+
+// funcListener is a listener whose type is not comparable.
+type funcListener struct {
+	net.Listener
+	onAccept func()
+}
+
 func TestAcceptErrorsBackOffAndRecover(t *testing.T) {
 	inner, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

@@ -268,16 +268,22 @@ mutant linger-unbounded server.go 'TestTheLingerAfterAFinalError' . \
 mutant linger-trusts-the-deadline server.go 'TestTheLingerAfterAFinalError' . \
   $'\t\tc.SetReadDeadline(end)\n' \
   ''
-# The linger looks beneath tls.Conn alone: not beneath the meter nor a
-# listener's wrapper, whose sockets are closed with their input unread.
-mutant linger-beneath-tls-only server.go 'TestTheLingerAfterAFinalError|TestFinalErrorIsFollowedByAFinNotAReset' . \
-  'type wrapper interface{ NetConn() net.Conn }' \
-  'type wrapper interface{ NetConn() net.Conn; ConnectionState() tls.ConnectionState }'
-# The debug line of a session another ended gives what its read met after
+# The linger looks beneath tls.Conn alone, not beneath the meter: over
+# NewTLSListener the close is a reset.
+mutant linger-beneath-tls-only server.go 'TestFinalErrorIsFollowedByAFinNotAReset' . \
+  $'\t\tc = w.beneath()\n' \
+  $'\t\t_ = w\n\t\tbreak\n'
+# The linger trusts a listener's wrapper's NetConn (c6da08d, helper-85's
+# review): one that names itself spins the writer for good; a typed nil
+# panics the server.
+mutant linger-trusts-netconn server.go 'TestTheLingerAfterAFinalError' . \
+  $'\t\tc = w.beneath()\n\t}\n' \
+  $'\t\tc = w.beneath()\n\t}\n\tfor w, ok := c.(interface{ NetConn() net.Conn }); ok; w, ok = c.(interface{ NetConn() net.Conn }) {\n\t\tc = w.NetConn()\n\t}\n'
+# The debug line of a session already ended gives what its read met after
 # (the linger's deadline: "silent for longer than its lease") as the cause.
 mutant end-logged-with-the-reads-error server.go 'TestTheLingerAfterAFinalError' . \
-  $'\t\twhy = errEnded // what the read met after' \
-  $'\t\t_ = errEnded // what the read met after'
+  $'\t\twhy = errEnded // not what the read met after' \
+  $'\t\t_ = errEnded // not what the read met after'
 # A session that Shutdown ended while its ACQUIRE was on its way has it
 # authorized: the linger leaves the session's reads open.
 mutant authorize-after-shutdown server.go 'TestAnACQUIREReadAfterShutdownIsNotAuthorized' . \
