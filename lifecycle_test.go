@@ -3051,6 +3051,7 @@ func TestShutdownErrorUnderLoad(t *testing.T) {
 					default:
 					}
 				}
+				c.Close() // as a client does at the stream's end: the server's close lingers until then
 				results <- fs
 			}()
 		}

@@ -62,6 +62,8 @@ const DefaultIOTimeout = 5 * time.Second
 // ErrServerClosed is returned by Serve after Shutdown or Close.
 var ErrServerClosed = errors.New("monolock: server closed")
 
+var errNoConn = errors.New("the listener returned neither a connection nor an error")
+
 // Server serves the lock protocol on any number of listeners. The zero
 // value is ready to use; its fields must not change once it serves.
 type Server struct {
@@ -242,6 +244,9 @@ func (srv *Server) Serve(l net.Listener) error {
 	}()
 	for delay := time.Duration(0); ; {
 		conn, err := l.Accept()
+		if conn == nil && err == nil {
+			err = errNoConn
+		}
 		switch {
 		case err == nil:
 			delay = 0
@@ -265,7 +270,10 @@ func (srv *Server) Serve(l net.Listener) error {
 }
 
 func (srv *Server) start(conn net.Conn) {
-	s := &session{srv: srv, conn: conn, remote: conn.RemoteAddr().String()}
+	s := &session{srv: srv, conn: conn}
+	if a := conn.RemoteAddr(); a != nil { // a listener's wrapper may know none
+		s.remote = a.String()
+	}
 	if s.tls, _ = conn.(*tls.Conn); s.tls == nil {
 		s.phase = phaseConnected
 	}

@@ -387,9 +387,10 @@ func TestServeTakesAListenerOfAnyType(t *testing.T) {
 	c := dialRaw(t, ln.Addr().String())
 	c.send(acquire("any", time.Minute))
 	c.expectAcquired()
-	if err := srv.Shutdown(bounded(t)); err != nil {
-		t.Fatal(err)
-	}
+	shut := shutdownAsync(srv)
+	c.expectError(CodeShuttingDown)
+	c.Close()
+	awaitShutdown(t, shut)
 	if err := await(t, served, "Serve's return"); !errors.Is(err, ErrServerClosed) {
 		t.Errorf("Serve = %v, want ErrServerClosed", err)
 	}
@@ -397,6 +398,62 @@ func TestServeTakesAListenerOfAnyType(t *testing.T) {
 		t.Error("the listener still accepts after Shutdown")
 	}
 }
+
+// A listener's connection may have no remote address (a wrapper's, or
+// Go's own once not ok), and a broken listener may return neither a
+// connection nor an error: the first is served, with an empty address
+// (Locks and events give it as such), the second counted and retried as an
+// accept error. Before, each panicked the process (a nil dereference).
+func TestServeTakesWhatAListenerGives(t *testing.T) {
+	t.Run("a connection without a remote address", func(t *testing.T) {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		srv := &Server{}
+		c := dialRaw(t, serveOn(t, srv, addrlessListener{ln}))
+		c.send(acquire("addrless", time.Minute))
+		c.expectAcquired()
+		if info, ok := srv.Lock("addrless"); !ok || info.Holder.RemoteAddr != "" {
+			t.Errorf("Lock = %+v, %v; want its holder with an empty address", info, ok)
+		}
+	})
+	t.Run("neither a connection nor an error", func(t *testing.T) {
+		srv := &Server{}
+		var calls atomic.Int32
+		served := make(chan error, 1)
+		go func() { served <- srv.Serve(nilListener{&calls}) }()
+		waitFor(t, "a retry", func() bool { return calls.Load() >= 2 })
+		if n := srv.Stats().AcceptErrors; n == 0 {
+			t.Error("AcceptErrors 0, want each empty Accept counted")
+		}
+		srv.Close()
+		if err := await(t, served, "Serve's return"); !errors.Is(err, ErrServerClosed) {
+			t.Errorf("Serve = %v, want ErrServerClosed", err)
+		}
+	})
+}
+
+type addrlessListener struct{ net.Listener }
+
+type addrlessConn struct{ net.Conn }
+
+func (addrlessConn) RemoteAddr() net.Addr { return nil }
+
+func (l addrlessListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	return addrlessConn{c}, nil
+}
+
+// nilListener returns (nil, nil) from Accept until closed.
+type nilListener struct{ calls *atomic.Int32 }
+
+func (l nilListener) Accept() (net.Conn, error) { l.calls.Add(1); return nil, nil }
+func (nilListener) Close() error                { return nil }
+func (nilListener) Addr() net.Addr              { return pipeAddr("nil") }
 
 // funcListener is a listener whose type is not comparable.
 type funcListener struct {
