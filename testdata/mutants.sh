@@ -349,8 +349,8 @@ mutant drain-skips-stop-check server.go 'TestNoHeartbeatReplyAfterForceRelease|T
   'late := s.stopped.Load() && !stopped' \
   'late := false && s.stopped.Load() && !stopped'
 mutant drain-checks-stop-before-deadline server.go 'TestNoHeartbeatReplyAfterForceRelease|TestNoPushAfterForceRelease|TestNoHeartbeatReplyAfterKickWaiter' . \
-  $'s.conn.SetWriteDeadline(due)\n\t\tlate := s.stopped.Load() && !stopped' \
-  $'late := s.stopped.Load() && !stopped\n\t\ts.conn.SetWriteDeadline(due)'
+  $'\t\tlate := s.stopped.Load() && !stopped // after the wait: when the write begins\n' \
+  $'\t\tlate := s.stopped.Load() && !stopped // after the wait: when the write begins\n\t\ts.conn.SetWriteDeadline(due)\n'
 # dropLocked: no past write deadline for a write already taken.
 mutant drop-does-not-cut server.go 'TestForceReleaseJustBeforeAWritePlain|TestPushBegunAtALeaseEndIsCut|TestShutdownCutsABlockedReply' . \
   's.writing && (s.tls == nil || s.final == nil) {' \
