@@ -827,19 +827,36 @@ func (s *adminStop) returned(t *testing.T) adminResult {
 }
 
 // hookBeforeWrite arms stop at the server's next write to pc once armed is
-// set: at its write deadline, after the server's last check and before
-// the write begins; or, for a server that sets none, at the write's start.
-func hookBeforeWrite(pc *probeConn, armed *atomic.Bool, when func() bool, stop *adminStop) {
+// set: at the at-th future write deadline it sets after that (a check of
+// stopped made before it would be undone by it), or, with fewer, at the
+// write's start.
+func hookBeforeWrite(pc *probeConn, armed *atomic.Bool, when func() bool, stop *adminStop, at int) {
+	var deadlines atomic.Int32
 	pc.beforeSetWD = func() {
-		if armed.Load() && when() {
-			stop.fire("at its write deadline")
+		if armed.Load() && when() && deadlines.Add(1) == int32(at) {
+			stop.fire(fmt.Sprintf("at its write deadline %d", at))
 		}
 	}
 	pc.beforeWrite = func([]byte) {
 		if armed.Load() && when() {
-			stop.fire("as the write began (the server set no write deadline before it; nothing is tested)")
+			stop.fire(fmt.Sprintf("as the write began, after %d write deadlines", deadlines.Load()))
 		}
 	}
+}
+
+// eachWriterStep runs test, which returns stop.where, with the
+// administrator's call made at each step of the writer before its write:
+// at its first write deadline, its second if it sets one, ..., and at the
+// write's start.
+func eachWriterStep(t *testing.T, test func(t *testing.T, at int) (where string)) {
+	for at := 1; at <= 4; at++ {
+		var where string
+		t.Run(fmt.Sprint("step ", at), func(t *testing.T) { where = test(t, at) })
+		if !strings.HasPrefix(where, "at its write deadline") {
+			return
+		}
+	}
+	t.Errorf("the writer set 4 write deadlines before one write")
 }
 
 // noWriteAfter checks that, after the administrator's call returned, no
@@ -857,105 +874,114 @@ func noWriteAfter(t *testing.T, log *probeLog, r adminResult, conn string) {
 // ForceRelease has returned (and the next waiter has the lock), no reply
 // may begin on the old holder's connection, only its ERROR 0x02.
 func TestNoHeartbeatReplyAfterForceRelease(t *testing.T) {
-	srv := &Server{IOTimeout: soon}
-	n, served := serveProbes(t, srv)
+	eachWriterStep(t, func(t *testing.T, at int) string {
+		srv := &Server{IOTimeout: soon}
+		n, served := serveProbes(t, srv)
 
-	ac, as := n.pair("a")
-	var armed atomic.Bool
-	stop := newAdminStop(n, func() (SessionInfo, error) { return srv.ForceRelease("x", 0) })
-	hookBeforeWrite(as, &armed, func() bool { return true }, stop)
-	n.accept(as)
-	a := watch("a", ac)
-	sendFrames(t, ac, acquire("x", time.Minute))
-	tA := a.next(t, TypeAcquired).Token
+		ac, as := n.pair("a")
+		var armed atomic.Bool
+		stop := newAdminStop(n, func() (SessionInfo, error) { return srv.ForceRelease("x", 0) })
+		hookBeforeWrite(as, &armed, func() bool { return true }, stop, at)
+		n.accept(as)
+		a := watch("a", ac)
+		sendFrames(t, ac, acquire("x", time.Minute))
+		tA := a.next(t, TypeAcquired).Token
 
-	_, _, b := joinProbe(t, n, "b", acquire("x", time.Minute))
-	b.next(t, TypeWaiting)
+		_, _, b := joinProbe(t, n, "b", acquire("x", time.Minute))
+		b.next(t, TypeWaiting)
 
-	armed.Store(true)
-	sendFrames(t, ac, heartbeat)
-	tB := b.next(t, TypeAcquired).Token
-	r := stop.returned(t)
-	if r.info.RemoteAddr != "a" {
-		t.Fatalf("ForceRelease ended %+v, want a", r.info)
-	}
-	expectStream(t, a, acquiredFrame(tA), errorFrame(CodeClosedByAdmin))
-	shutdownNow(t, srv, served)
-	expectStream(t, b, waitingFrame, acquiredFrame(tB), errorFrame(CodeShuttingDown))
-	noWriteAfter(t, &n.log, r, "a")
-	if t.Failed() {
-		t.Logf("ForceRelease made %s; b was granted token %d; server log:%v", stop.where, tB, &n.log)
-	}
+		armed.Store(true)
+		sendFrames(t, ac, heartbeat)
+		tB := b.next(t, TypeAcquired).Token
+		r := stop.returned(t)
+		if r.info.RemoteAddr != "a" {
+			t.Fatalf("ForceRelease ended %+v, want a", r.info)
+		}
+		expectStream(t, a, acquiredFrame(tA), errorFrame(CodeClosedByAdmin))
+		shutdownNow(t, srv, served)
+		expectStream(t, b, waitingFrame, acquiredFrame(tB), errorFrame(CodeShuttingDown))
+		noWriteAfter(t, &n.log, r, "a")
+		if t.Failed() {
+			t.Logf("ForceRelease made %s; b was granted token %d; server log:%v", stop.where, tB, &n.log)
+		}
+		return stop.where
+	})
 }
 
 // A waiter has been promoted and its push is about to be written when an
 // administrator force-releases it: once ForceRelease has returned (and the
 // next waiter has the lock), the push may not begin, only ERROR 0x02.
 func TestNoPushAfterForceRelease(t *testing.T) {
-	srv := &Server{IOTimeout: soon}
-	n, served := serveProbes(t, srv)
+	eachWriterStep(t, func(t *testing.T, at int) string {
+		srv := &Server{IOTimeout: soon}
+		n, served := serveProbes(t, srv)
 
-	hc, _, h := joinProbe(t, n, "h", acquire("x", time.Minute))
-	h.next(t, TypeAcquired)
+		hc, _, h := joinProbe(t, n, "h", acquire("x", time.Minute))
+		h.next(t, TypeAcquired)
 
-	ac, as := n.pair("a")
-	var armed atomic.Bool
-	stop := newAdminStop(n, func() (SessionInfo, error) { return srv.ForceRelease("x", 0) })
-	hookBeforeWrite(as, &armed, func() bool { return holderOf(srv, "x") == "a" }, stop)
-	n.accept(as)
-	a := watch("a", ac)
-	sendFrames(t, ac, acquire("x", time.Minute))
-	a.next(t, TypeWaiting)
+		ac, as := n.pair("a")
+		var armed atomic.Bool
+		stop := newAdminStop(n, func() (SessionInfo, error) { return srv.ForceRelease("x", 0) })
+		hookBeforeWrite(as, &armed, func() bool { return holderOf(srv, "x") == "a" }, stop, at)
+		n.accept(as)
+		a := watch("a", ac)
+		sendFrames(t, ac, acquire("x", time.Minute))
+		a.next(t, TypeWaiting)
 
-	_, _, b := joinProbe(t, n, "b", acquire("x", time.Minute))
-	b.next(t, TypeWaiting)
+		_, _, b := joinProbe(t, n, "b", acquire("x", time.Minute))
+		b.next(t, TypeWaiting)
 
-	armed.Store(true)
-	hc.Close() // a is promoted; its push is held before its write
-	tB := b.next(t, TypeAcquired).Token
-	r := stop.returned(t)
-	if r.info.RemoteAddr != "a" {
-		t.Fatalf("ForceRelease ended %+v, want a", r.info)
-	}
-	expectStream(t, a, waitingFrame, errorFrame(CodeClosedByAdmin))
-	shutdownNow(t, srv, served)
-	expectStream(t, b, waitingFrame, acquiredFrame(tB), errorFrame(CodeShuttingDown))
-	expectStream(t, h, acquiredAny)
-	noWriteAfter(t, &n.log, r, "a")
-	if t.Failed() {
-		t.Logf("ForceRelease made %s; b was granted token %d; server log:%v", stop.where, tB, &n.log)
-	}
+		armed.Store(true)
+		hc.Close() // a is promoted; its push is held before its write
+		tB := b.next(t, TypeAcquired).Token
+		r := stop.returned(t)
+		if r.info.RemoteAddr != "a" {
+			t.Fatalf("ForceRelease ended %+v, want a", r.info)
+		}
+		expectStream(t, a, waitingFrame, errorFrame(CodeClosedByAdmin))
+		shutdownNow(t, srv, served)
+		expectStream(t, b, waitingFrame, acquiredFrame(tB), errorFrame(CodeShuttingDown))
+		expectStream(t, h, acquiredAny)
+		noWriteAfter(t, &n.log, r, "a")
+		if t.Failed() {
+			t.Logf("ForceRelease made %s; b was granted token %d; server log:%v", stop.where, tB, &n.log)
+		}
+		return stop.where
+	})
 }
 
 // A waiter's HEARTBEAT has been read and checked, and its WAITING is about
 // to be written, when an administrator kicks the waiter: once KickWaiter
 // has returned, no reply may begin, only ERROR 0x02.
 func TestNoHeartbeatReplyAfterKickWaiter(t *testing.T) {
-	srv := &Server{IOTimeout: soon}
-	n, served := serveProbes(t, srv)
+	eachWriterStep(t, func(t *testing.T, at int) string {
+		srv := &Server{IOTimeout: soon}
+		n, served := serveProbes(t, srv)
 
-	_, _, h := joinProbe(t, n, "h", acquire("x", time.Minute))
-	tH := h.next(t, TypeAcquired).Token
+		_, _, h := joinProbe(t, n, "h", acquire("x", time.Minute))
+		tH := h.next(t, TypeAcquired).Token
 
-	ac, as := n.pair("a")
-	var armed atomic.Bool
-	stop := newAdminStop(n, func() (SessionInfo, error) { return srv.KickWaiter("x", "a") })
-	hookBeforeWrite(as, &armed, func() bool { return true }, stop)
-	n.accept(as)
-	a := watch("a", ac)
-	sendFrames(t, ac, acquire("x", time.Minute))
-	a.next(t, TypeWaiting)
+		ac, as := n.pair("a")
+		var armed atomic.Bool
+		stop := newAdminStop(n, func() (SessionInfo, error) { return srv.KickWaiter("x", "a") })
+		hookBeforeWrite(as, &armed, func() bool { return true }, stop, at)
+		n.accept(as)
+		a := watch("a", ac)
+		sendFrames(t, ac, acquire("x", time.Minute))
+		a.next(t, TypeWaiting)
 
-	armed.Store(true)
-	sendFrames(t, ac, heartbeat)
-	r := stop.returned(t)
-	expectStream(t, a, waitingFrame, errorFrame(CodeClosedByAdmin))
-	shutdownNow(t, srv, served)
-	expectStream(t, h, acquiredFrame(tH), errorFrame(CodeShuttingDown))
-	noWriteAfter(t, &n.log, r, "a")
-	if t.Failed() {
-		t.Logf("KickWaiter made %s; server log:%v", stop.where, &n.log)
-	}
+		armed.Store(true)
+		sendFrames(t, ac, heartbeat)
+		r := stop.returned(t)
+		expectStream(t, a, waitingFrame, errorFrame(CodeClosedByAdmin))
+		shutdownNow(t, srv, served)
+		expectStream(t, h, acquiredFrame(tH), errorFrame(CodeShuttingDown))
+		noWriteAfter(t, &n.log, r, "a")
+		if t.Failed() {
+			t.Logf("KickWaiter made %s; server log:%v", stop.where, &n.log)
+		}
+		return stop.where
+	})
 }
 
 // ForceRelease returns at once, and the released holder is told ERROR 0x02
