@@ -384,7 +384,11 @@ func (l recordListener) Accept() (net.Conn, error) {
 	return newRecordConn(c), nil
 }
 
-func newRecordConn(c net.Conn) *recordConn { return &recordConn{Conn: c} }
+func newRecordConn(c net.Conn) *recordConn {
+	rc := &recordConn{Conn: c}
+	rc.idle.L = &rc.bmu
+	return rc
+}
 
 // ownConn is a connection of this package's, over another: the linger
 // looks beneath it, as it never does beneath a listener's wrapper, whose
@@ -419,14 +423,13 @@ type recordConn struct {
 	// past the session's end, for up to an io-timeout, and then write it.
 	bmu  sync.Mutex
 	busy bool
-	idle chan struct{} // closed at busy's end, for a writer waiting for it
+	idle sync.Cond // on bmu: busy has ended
 }
 
 func (c *recordConn) setBusy(busy bool) {
 	c.bmu.Lock()
-	if c.busy = busy; !busy && c.idle != nil {
-		close(c.idle)
-		c.idle = nil
+	if c.busy = busy; !busy {
+		c.idle.Broadcast()
 	}
 	c.bmu.Unlock()
 }
@@ -437,13 +440,7 @@ func (c *recordConn) setBusy(busy bool) {
 func (c *recordConn) awaitIdle() {
 	c.bmu.Lock()
 	for c.busy {
-		if c.idle == nil {
-			c.idle = make(chan struct{})
-		}
-		idle := c.idle
-		c.bmu.Unlock()
-		<-idle
-		c.bmu.Lock()
+		c.idle.Wait()
 	}
 	c.bmu.Unlock()
 }
@@ -580,8 +577,7 @@ func (s *session) handshake() error {
 		// client writing next meets instead of the alert (reads of
 		// maxReadAhead leave it there).
 		if m := s.meter(); m != nil && failed {
-			m.Conn.SetReadDeadline(earlier(time.Now().Add(50*time.Millisecond), deadline))
-			io.Copy(io.Discard, io.LimitReader(m.Conn, 1<<16))
+			discardInput(m.Conn, earlier(time.Now().Add(50*time.Millisecond), deadline))
 		}
 		return fmt.Errorf("TLS handshake: %w", err)
 	}
@@ -1160,19 +1156,23 @@ func (s *session) linger(d time.Duration) {
 	for w, ok := c.(ownConn); ok; w, ok = c.(ownConn) {
 		c = w.beneath()
 	}
-	err := errors.ErrUnsupported
-	switch c := c.(type) {
-	case *net.TCPConn:
-		err = c.CloseWrite()
-	case *net.UnixConn:
-		err = c.CloseWrite()
-	}
-	if err != nil {
+	switch c.(type) {
+	case *net.TCPConn, *net.UnixConn:
+	default:
 		return
 	}
-	end := time.Now().Add(d)
+	if c.(interface{ CloseWrite() error }).CloseWrite() != nil {
+		return
+	}
 	t := time.AfterFunc(d, func() { c.Close() })
 	defer t.Stop()
+	discardInput(c, time.Now().Add(d))
+}
+
+// discardInput reads and drops what c's client sends until it closes, an
+// error, 64 KiB or end, setting the read deadline before each read: another
+// goroutine may set it meanwhile.
+func discardInput(c net.Conn, end time.Time) {
 	buf := make([]byte, 512) // not io.Discard's 8 KiB, for each of a Shutdown's sessions
 	for left := 1 << 16; left > 0 && time.Now().Before(end); {
 		c.SetReadDeadline(end)
