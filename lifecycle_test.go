@@ -3550,7 +3550,8 @@ func TestAPushHeldBackByTLSPastTheEndIsNeverWritten(t *testing.T) {
 				l.holder(t, "X", "x")
 			}
 			time.Sleep(time.Second) // W still does not read
-			if got := readRest(w); len(got) != 1 || got[0].Type != TypeError || got[0].Code != want {
+			w.SetReadDeadline(time.Now().Add(wait)) // the end is written and closed by now
+			if got := readFrames(w); len(got) != 1 || got[0].Type != TypeError || got[0].Code != want {
 				t.Errorf("W, its push held back by TLS, read %s a second after the %s; want ERROR 0x%02x alone", showFrames(got), end, uint8(want))
 			}
 			if shut != nil {

@@ -506,6 +506,11 @@ mutant tls-read-call-not-busy server.go 'TestAPushHeldBackByTLSPastTheEndIsNever
 mutant tls-read-stays-busy server.go 'TestPushBegunAtALeaseEndIsCutTLS' . \
   $'\tc.setBusy(false) // crypto/tls has handled all it took in, and waits\n' \
   $''
+# The end of busy wakes no writer waiting for it: another's push waits
+# for good once the session's read is back in crypto/tls.
+mutant tls-idle-never-signalled server.go 'TestPushBegunAtALeaseEndIsCutTLS|TestAPushHeldBackByTLSPastTheEndIsNeverWritten' . \
+  'c.idle.Broadcast()' \
+  '_ = 0'
 mutant tls-writer-does-not-look-after-the-wait server.go 'TestAPushHeldBackByTLSPastTheEndIsNeverWritten|TestAPushBehindAKeyUpdateAnswerTheClientReadsKeepsTheError' . \
   'late := s.stopped.Load() && !stopped // after the wait: when the write begins' \
   'late := stopped != stopped'
