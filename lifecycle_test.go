@@ -3549,7 +3549,7 @@ func TestAPushHeldBackByTLSPastTheEndIsNeverWritten(t *testing.T) {
 			} else {
 				l.holder(t, "X", "x")
 			}
-			time.Sleep(time.Second) // W still does not read
+			time.Sleep(time.Second)                 // W still does not read
 			w.SetReadDeadline(time.Now().Add(wait)) // the end is written and closed by now
 			if got := readFrames(w); len(got) != 1 || got[0].Type != TypeError || got[0].Code != want {
 				t.Errorf("W, its push held back by TLS, read %s a second after the %s; want ERROR 0x%02x alone", showFrames(got), end, uint8(want))

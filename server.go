@@ -415,7 +415,9 @@ type recordConn struct {
 	body   int // bytes of the current record still to come
 
 	// busy is set while the session's read is inside crypto/tls but not
-	// waiting for the network (session.read): only then may crypto/tls,
+	// waiting for the network (session.read), and from the handshake's
+	// reads to the first frame's, when no writer can wait for it (no frame
+	// but a final ERROR is decided before the join): only then may crypto/tls,
 	// handling records it took in, write from inside the read (a
 	// KeyUpdate's answer, an alert). Another's writer waits for its end
 	// before it looks at stopped (rule 5): behind such a write that the
@@ -1143,11 +1145,13 @@ const lingerTime = time.Second
 // sends until it closes, for d or 64 KiB at most: closed with input
 // unread, the socket would send a reset, which discards what was sent
 // before it and not yet acknowledged or read (the final ERROR). It reads
-// the socket beneath TLS and the meter, which Go lets two goroutines read
-// at once: the session's may still be in a read, and set the read deadline
-// (its lease's end) at any time; so the linger sets its own before each
-// read, and a close ends it at d whatever the deadline. Other connections
-// (a net.Pipe, a listener's wrapper) are closed at once.
+// the socket beneath TLS and the meter, which two goroutines may read in
+// turn (Go's poller holds one read back until the other returns): the
+// session's may be in a read, ended by the deadline the linger sets, and
+// may set the read deadline (its lease's end) at any time; so the linger
+// sets its own before each read, and a close ends it at d whatever the
+// deadline. Other connections (a net.Pipe, a listener's wrapper) are
+// closed at once.
 func (s *session) linger(d time.Duration) {
 	c := s.conn
 	if s.tls != nil {
@@ -1323,9 +1327,9 @@ type Stats struct {
 	ConnectionsAccepted uint64
 	AcceptErrors        uint64
 	TLSHandshakeErrors  uint64
-	Acquires            uint64 // valid, authorized ACQUIREs: granted or queued
-	Denials             uint64 // ACQUIREs that Authorize refused (not those Shutdown ended meanwhile)
-	Heartbeats          uint64
+	Acquires            uint64            // valid, authorized ACQUIREs: granted or queued
+	Denials             uint64            // ACQUIREs that Authorize refused (not those Shutdown ended meanwhile)
+	Heartbeats          uint64            // HEARTBEATs a live session sent, answered unless its end dropped the answer
 	Grants              uint64            // immediate or by promotion
 	Releases            map[string]uint64 // of held locks, by Reason
 	Errors              map[Code]uint64   // ERROR frames written whole, by code
